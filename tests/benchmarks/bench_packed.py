@@ -1,0 +1,98 @@
+"""Packed ternary SmolLM2 vs the full-precision model on CPU, side by side in one run.
+
+Prints one table: size on disk and in memory, prefill tokens/s and greedy generation (decode) tokens/s.
+The ternary model is SmolLM2-135M-Instruct (Q4_1) converted to BitLinear (wf_nb.convert when available, else
+every linear but lm_head swapped for a BitLinear): untrained, so this measures size and speed, not quality.
+
+    python tests/benchmarks/bench_packed.py [--prompt-len 128] [--new-tokens 32] [--reps 5]
+"""
+import argparse, copy, statistics, tempfile, time
+from pathlib import Path
+import torch
+
+from wf_nb.config import get_config
+from wf_nb.assets import load_fp_model, load_tokenizer, materialize, shakespeare_files
+from wf_nb.export import export_model, load_packed, quantized_linears, size_report
+from wf_nb.quant import BitLinear
+
+
+def ternary_student(fp):
+    try:
+        from wf_nb.convert import convert
+        return convert(copy.deepcopy(fp), get_config(model='smollm2_135m').quant), 'wf_nb.convert'
+    except Exception as e:  # convert missing or failing: plain BitLinear swap (same linears, no SubLN)
+        st = copy.deepcopy(fp)
+        for n, lin in quantized_linears(st): st.set_submodule(n, BitLinear.from_linear(lin))
+        return st, f'BitLinear swap ({type(e).__name__})'
+
+
+def state_bytes(model):
+    seen, total = set(), 0
+    for t in model.state_dict().values():
+        k = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if k not in seen: seen.add(k); total += t.numel() * t.element_size()
+    return total
+
+
+def med(f, reps):
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+@torch.no_grad()
+def speed(model, ids, new_tokens, reps):
+    prompt = ids[:, :ids.shape[1]]
+    model(prompt[:, :8])  # warm up (caches, unpacked weights)
+    t_pre = med(lambda: model(prompt), reps)
+    short = prompt[:, :16]
+    gen = lambda n: model.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n, min_new_tokens=n,
+                                   do_sample=False, pad_token_id=0)
+    gen(2)
+    t1, tn = med(lambda: gen(1), reps), med(lambda: gen(new_tokens + 1), reps)
+    return prompt.shape[1] / t_pre, new_tokens / (tn - t1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--prompt-len', type=int, default=128)
+    ap.add_argument('--new-tokens', type=int, default=32)
+    ap.add_argument('--reps', type=int, default=5)
+    ap.add_argument('--threads', type=int, default=0)
+    a = ap.parse_args()
+    if a.threads: torch.set_num_threads(a.threads)
+    mc = get_config(model='smollm2_135m').model
+    tok = load_tokenizer(mc)
+    text = shakespeare_files()[0].read_text()[5000:20000]
+    ids = tok(text, return_tensors='pt').input_ids[:, :a.prompt_len]
+    fp = load_fp_model(mc)
+    fp_bf16 = copy.deepcopy(fp).to(torch.bfloat16)
+    st, how = ternary_student(fp)
+    tmp = Path(tempfile.mkdtemp())
+    rep = export_model(st, 'hf-bitnet', tmp / 'packed', tokenizer=tok, dtype=torch.bfloat16)
+    packed = load_packed(tmp / 'packed', dtype=torch.float32)  # fp32 activations / embeddings at run time
+    fp_dir = Path(materialize(mc))
+    fp_file = sum(f.stat().st_size for f in fp_dir.glob('*.safetensors'))
+    n_params = sum(p.numel() for p in fp.parameters())
+    rows = []
+    for name, m, disk in [('FP fp32', fp, fp_file), ('FP bf16', fp_bf16, 2 * n_params),
+                          (f"packed W2A8 ({rep['format']})", packed, rep['file_bytes'])]:
+        pre, dec = speed(m, ids, a.new_tokens, a.reps)
+        rows.append((name, disk, state_bytes(m), pre, dec))
+    print(f"\nSmolLM2-135M-Instruct (Q4_1), ternary via {how}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads; prompt {ids.shape[1]} tokens, {a.new_tokens} new tokens, "
+          f"median of {a.reps}")
+    print(f"packed: {rep['bits_per_linear_weight']:.3f} bits per linear weight, "
+          f"{rep['linear_weights']:,} linear weights, {rep['other_params']:,} other params "
+          f"(embeddings bf16 on disk; FP bf16 disk size = 2 bytes/param, computed)")
+    hdr = f"| {'model':<28} | {'disk MiB':>9} | {'memory MiB':>10} | {'prefill tok/s':>13} | {'decode tok/s':>12} |"
+    print(hdr); print('|' + '|'.join('-' * (len(c)) for c in hdr.split('|')[1:-1]) + '|')
+    base = rows[0]
+    for name, disk, mem, pre, dec in rows:
+        print(f"| {name:<28} | {disk/2**20:9.1f} | {mem/2**20:10.1f} | {pre:8.0f} {pre/base[3]:3.1f}x | "
+              f"{dec:7.1f} {dec/base[4]:3.1f}x |")
+
+
+if __name__ == '__main__':
+    main()

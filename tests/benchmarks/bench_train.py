@@ -1,0 +1,141 @@
+"""Stage-2 training throughput and peak memory on SmolLM2-135M-Instruct (Q4_1), batch 4 x 128, side by side.
+
+Arms (each in its own process, so peak RSS is the arm's own; the same real Shakespeare batches for all):
+  fp                  the unquantized Llama model, plain AdamW loop
+  hf_autobitlinear    transformers' replace_with_bitnet_linear (autobitlinear, online), plain loop
+  hf_trainer          the same model trained by transformers' Trainer
+  wf_bitlinear        wf_nb's converted model (SubLN + BitLinear), plain loop
+  wf_trainer          wf_nb's converted model trained by wf_nb's Trainer (Stage 2 loss, metrics, no checkpoints)
+
+    python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...]
+
+Prints a table of median tokens/s, peak RSS and the ratio to `fp` at the same precision.
+This is a benchmark, not a test: the machine is shared and noisy, so read the ratios, not the absolutes."""
+import argparse, json, os, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+
+B, S = 4, 128
+ARMS = ['fp', 'hf_autobitlinear', 'hf_trainer', 'wf_bitlinear', 'wf_trainer']
+
+def batches(n, seed=0):
+    import torch
+    from wf_nb.assets import load_tokenizer, shakespeare_files
+    from wf_nb.config import get_config
+    tok = load_tokenizer(get_config().model)
+    ids = tok(shakespeare_files()[0].read_text()[:400_000]).input_ids
+    g = torch.Generator().manual_seed(seed)
+    t = torch.tensor(ids)
+    out = []
+    for _ in range(n):
+        starts = torch.randint(0, len(ids) - S - 1, (B,), generator=g)
+        x = torch.stack([t[s:s + S] for s in starts])
+        out.append({'input_ids': x, 'labels': x.clone()})
+    return out
+
+def peak_rss_mb():
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def fp_model():
+    from wf_nb.assets import load_fp_model
+    from wf_nb.config import get_config
+    return load_fp_model(get_config().model).train()
+
+def hf_bitnet(model):
+    import torch
+    from transformers.integrations.bitnet import replace_with_bitnet_linear
+    from transformers import BitNetQuantConfig
+    sd = model.state_dict()
+    qc = BitNetQuantConfig(linear_class='autobitlinear', quantization_mode='online')
+    replace_with_bitnet_linear(model, modules_to_not_convert=['lm_head'], quantization_config=qc)
+    model.load_state_dict(sd, assign=True, strict=True)
+    model.tie_weights()
+    return model.train()
+
+def wf_bitnet(model):
+    from wf_nb.convert import convert
+    from wf_nb.config import get_config
+    return convert(model, get_config().quant).train()
+
+def plain_loop(model, data, precision, warmup):
+    import torch
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    times = []
+    for i, b in enumerate(data):
+        t0 = time.perf_counter()
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'):
+            loss = model(**b).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        if i >= warmup: times.append(time.perf_counter() - t0)
+    return times
+
+def hf_trainer_loop(model, data, precision, warmup):
+    import torch
+    from transformers import Trainer, TrainingArguments, TrainerCallback
+    times, t = [], {}
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k): t['t0'] = time.perf_counter()
+        def on_step_end(self, args, state, *a, **k):
+            if state.global_step > warmup: times.append(time.perf_counter() - t['t0'])
+    class DS(torch.utils.data.Dataset):
+        def __len__(self): return len(data) * B
+        def __getitem__(self, i): b = data[i // B]; return {k: v[i % B] for k, v in b.items()}
+    with tempfile.TemporaryDirectory() as d:
+        args = TrainingArguments(output_dir=d, per_device_train_batch_size=B, max_steps=len(data), learning_rate=1e-5,
+                                 bf16=precision == 'bf16', use_cpu=True, report_to=[], save_strategy='no', logging_strategy='no',
+                                 dataloader_num_workers=0, disable_tqdm=True, optim='adamw_torch_fused')
+        Trainer(model=model, args=args, train_dataset=DS(), callbacks=[Clock()]).train()
+    return times
+
+def wf_trainer_loop(model, data, precision, warmup):
+    from wf_nb.config import get_config
+    from wf_nb.train import Trainer, ListStream
+    import torch
+    cfg = get_config([f'training.max_steps={len(data)}', f'training.batch_size={B}', f'data.seq_len={S}', 'training.lr=1e-5',
+                      f'training.precision={precision}', 'training.save_interval=100000', 'logging.interval=1',
+                      'logging.progress=false', 'logging.wandb_mode=disabled'], stage='2')
+    rows = torch.cat([b['input_ids'] for b in data])
+    with tempfile.TemporaryDirectory() as d:
+        tr = Trainer(cfg, model, ListStream(rows, B), d, log=lambda *a: None)
+        tr.save = lambda *a, **k: None   # measure training, not checkpoint writes
+        tr.fit(resume=False)
+        recs = [json.loads(l) for l in Path(d, 'metrics.jsonl').read_text().splitlines()]
+    return [B * S / r['tokens_per_s'] for r in recs if 'tokens_per_s' in r][warmup:]
+
+def one(arm, precision, steps, warmup):
+    import torch
+    torch.manual_seed(0)
+    data = batches(steps + warmup)
+    model = fp_model()
+    if arm in ('hf_autobitlinear', 'hf_trainer'): model = hf_bitnet(model)
+    if arm in ('wf_bitlinear', 'wf_trainer'): model = wf_bitnet(model)
+    run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop,
+           'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop}[arm]
+    times = run(model, data, precision, warmup)
+    print(json.dumps({'arm': arm, 'precision': precision, 'tokens_per_s': B * S / statistics.median(times),
+                      'steps_timed': len(times), 'peak_rss_mb': peak_rss_mb(), 'threads': torch.get_num_threads()}))
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--steps', type=int, default=6); ap.add_argument('--warmup', type=int, default=2)
+    ap.add_argument('--precisions', default='fp32,bf16'); ap.add_argument('--arms', default=','.join(ARMS))
+    ap.add_argument('--one', nargs=2, metavar=('ARM', 'PRECISION'))
+    a = ap.parse_args()
+    if a.one: return one(*a.one, a.steps, a.warmup)
+    res = []
+    for prec in a.precisions.split(','):
+        for arm in a.arms.split(','):
+            r = subprocess.run([sys.executable, __file__, '--one', arm, prec, '--steps', str(a.steps), '--warmup', str(a.warmup)],
+                               capture_output=True, text=True, env={**os.environ, 'WANDB_MODE': 'disabled'})
+            line = [l for l in r.stdout.splitlines() if l.startswith('{')]
+            if r.returncode or not line: print(f"{arm}/{prec} failed:\n{r.stderr[-2000:]}", file=sys.stderr); continue
+            res.append(json.loads(line[-1])); print(f"  done {arm}/{prec}: {res[-1]['tokens_per_s']:.0f} tok/s", file=sys.stderr)
+    print(f"\nStage-2 training step, SmolLM2-135M-Instruct (Q4_1), batch {B} x {S}, median of {a.steps} steps after {a.warmup} warmup, CPU {res[0]['threads'] if res else '?'} threads\n")
+    print(f"| arm | precision | tokens/s | vs fp | peak RSS MB |\n|---|---|---|---|---|")
+    for r in res:
+        base = next((x for x in res if x['arm'] == 'fp' and x['precision'] == r['precision']), None)
+        ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ''
+        print(f"| {r['arm']} | {r['precision']} | {r['tokens_per_s']:.0f} | {ratio} | {r['peak_rss_mb']:.0f} |")
+
+if __name__ == '__main__':
+    main()

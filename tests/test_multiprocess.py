@@ -1,0 +1,84 @@
+"""Multi-process training on 2 CPU processes (gloo), end to end: `accelerate launch` / `torchrun` of
+tests/mp_train.py, which trains tiny_llama with wf_nb.train.Trainer on a rank-sharded deterministic stream.
+
+(a) 2 processes at batch b == 1 process at batch 2b (same global batch, same rows), loss per step;
+(b) a 2-process run whose processes are SIGKILLed mid-run resumes from its last checkpoint and ends with the
+    per-step losses of the uninterrupted run;
+(c) a checkpoint written at world size 2 reloads at world size 1 and continues with the same losses.
+One module-scoped set of runs serves all three (5 runs, about 1.5-2 minutes on 2 busy cores)."""
+import json, os, shutil, subprocess, sys
+from pathlib import Path
+import pytest
+from conftest import ROOT
+from wf_nb.launch import free_port
+
+SCRIPT = ROOT/'tests'/'mp_train.py'
+STEPS, SAVE, DIE = 8, 3, 4   # checkpoints at 3, 6, 8; the killed run dies computing step 5 (last checkpoint: 3)
+TOL = 1e-4                   # fp32 gloo all-reduce vs one process: observed ~1e-6
+
+def _env():
+    return {**os.environ, 'WANDB_MODE': 'disabled', 'OMP_NUM_THREADS': '1', 'TOKENIZERS_PARALLELISM': 'false',
+            'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')}
+
+def accelerate_cmd(n):
+    # --multi_gpu is accelerate's torchrun-based launcher; without GPUs the processes use CPU + gloo
+    # (`--cpu --num_processes 2` would start a single process: accelerate's CPU launcher is mpirun).
+    return [sys.executable, '-m', 'accelerate.commands.launch', '--multi_gpu', '--num_processes', str(n), '--num_machines', '1',
+            '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()), str(SCRIPT)]
+
+def torchrun_cmd(n):
+    return [sys.executable, '-m', 'torch.distributed.run', '--nnodes', '1', '--nproc_per_node', str(n),
+            '--master_port', str(free_port()), str(SCRIPT)]
+
+def run(cmd, run_dir, batch, *extra, check=True):
+    r = subprocess.run([*cmd, '--run-dir', str(run_dir), '--batch-size', str(batch), '--max-steps', str(STEPS),
+                        '--save-interval', str(SAVE), *map(str, extra)], capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+    res = [json.loads(l[7:]) for l in r.stdout.splitlines() if l.startswith('RESULT ')]
+    return r, (res[0] if res else None)
+
+def losses(run_dir):
+    return {r['step']: r['loss'] for r in map(json.loads, Path(run_dir, 'metrics.jsonl').read_text().splitlines()) if 'loss' in r}
+
+def assert_close(a: dict, b: dict, tol=TOL):
+    assert list(a) == list(b), (list(a), list(b))
+    bad = {k: (a[k], b[k]) for k in a if abs(a[k] - b[k]) > tol * max(1.0, abs(b[k]))}
+    assert not bad, f"losses differ at steps {bad}"
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp('mp')
+    out = {}
+    out['one'] = run([sys.executable, str(SCRIPT)], d/'one', 4)[1]                 # 1 process, batch 4
+    out['two'] = run(accelerate_cmd(2), d/'two', 2)[1]                             # 2 processes, batch 2 each
+    r, _ = run(accelerate_cmd(2), d/'killed', 2, '--die-at', DIE, check=False)       # every rank SIGKILLed at step 5
+    out['killed_rc'], out['killed_ckpts'] = r.returncode, sorted(p.name for p in (d/'killed'/'checkpoints').glob('step_*'))
+    out['killed_steps'] = sorted(losses(d/'killed'))
+    shutil.copytree(d/'killed', d/'w1')                                           # the world-size-2 checkpoint, for (c)
+    out['resumed'] = run(torchrun_cmd(2), d/'killed', 2)[1]                        # same command again (torchrun this time)
+    out['w1'] = run([sys.executable, str(SCRIPT)], d/'w1', 4)[1]                   # world size 1, batch 4, from step 3
+    out['dir'] = d
+    return out
+
+def test_two_processes_match_one(runs):
+    assert runs['one']['world_size'] == 1 and runs['two']['world_size'] == 2
+    assert runs['one']['status'] == runs['two']['status'] == 'COMPLETED'
+    assert runs['one']['tokens_seen'] == runs['two']['tokens_seen']                # same global batch
+    a, b = losses(runs['dir']/'two'), losses(runs['dir']/'one')
+    assert_close(a, b)
+    assert b[STEPS] < b[1] - 0.5, b                                                  # it trains: the losses move
+
+def test_killed_run_resumes(runs):
+    assert runs['killed_rc'] != 0
+    assert runs['killed_ckpts'] == ['step_00000003'], runs['killed_ckpts']
+    assert runs['killed_steps'] == [1, 2, 3, 4], runs['killed_steps']                # step 5 never finished
+    res = runs['resumed']
+    assert res['status'] == 'COMPLETED' and res['start_step'] == 3 and res['world_size'] == 2, res
+    assert_close(losses(runs['dir']/'killed'), losses(runs['dir']/'two'), tol=1e-6)  # same world size: exact
+
+def test_world_size_2_checkpoint_reloads_at_1(runs):
+    res = runs['w1']
+    assert res['status'] == 'COMPLETED' and res['start_step'] == 3 and res['world_size'] == 1, res
+    assert res['tokens_seen'] == runs['two']['tokens_seen']
+    assert_close(losses(runs['dir']/'w1'), losses(runs['dir']/'two'))

@@ -1,0 +1,87 @@
+"""The papermill run notebooks: parameters are documented and survive nbdev_clean, and papermill_runs/train.ipynb
+runs a tiny Stage 2 headless on CPU (Stage 1 runs first through the stage hand-off), leaving the plot in the
+output notebook; papermill_runs/report.ipynb then reports that run. Outputs go to a tmp dir, never under nbs/."""
+import json, shutil, subprocess, sys, os
+from pathlib import Path
+import pytest
+from conftest import ROOT, bin_path
+
+PM = ROOT/'papermill_runs'
+TRAIN_PARAMS = {'model', 'stage', 'max_steps', 'overrides', 'runs_dir', 'num_processes', 'scale', 'log_interval', 'skip_recovery', 'out'}
+REPORT_PARAMS = {'runs', 'runs_dir', 'last_n', 'smooth', 'min_steps'}
+
+def _env():
+    return {**os.environ, 'WANDB_MODE': 'disabled', 'TOKENIZERS_PARALLELISM': 'false', 'HF_HUB_OFFLINE': '1'}
+
+def papermill(*args, cwd, timeout=900):
+    r = subprocess.run([bin_path('papermill'), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env())
+    return r
+
+def outputs(nb_path):
+    nb = json.loads(Path(nb_path).read_text())
+    text, mimes = [], []
+    for c in nb['cells']:
+        for o in c.get('outputs', []):
+            if o.get('output_type') == 'stream': text.append(''.join(o['text']))
+            for k, v in o.get('data', {}).items():
+                mimes.append(k)
+                if k == 'text/plain': text.append(''.join(v))
+    return '\n'.join(text), mimes
+
+@pytest.mark.parametrize('name,params', [('train', TRAIN_PARAMS), ('report', REPORT_PARAMS)])
+def test_parameters_documented_and_clean(name, params, tmp_path):
+    src = PM/f'{name}.ipynb'
+    nb = json.loads(src.read_text())
+    tagged = [c for c in nb['cells'] if 'parameters' in c.get('metadata', {}).get('tags', [])]
+    assert len(tagged) == 1, 'exactly one cell tagged `parameters`'
+    assert nb['metadata']['kernelspec']['name'] == 'python3'
+    r = papermill('--help-notebook', src, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    shown = {l.split(':')[0].strip() for l in r.stdout.splitlines() if '(default' in l}
+    assert shown == params, (shown, r.stdout)
+    # nbdev_clean keeps the tag and leaves the committed notebook unchanged (it is already clean)
+    cp = tmp_path/f'{name}.ipynb'; shutil.copy(src, cp)
+    subprocess.run([bin_path('nbdev_clean'), '--fname', str(cp)], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    assert json.loads(cp.read_text()) == nb, f'papermill_runs/{name}.ipynb is not clean: run nbdev_clean --fname on it'
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp('pm')
+    from wf_nb.assets import shakespeare_files
+    text = Path(shakespeare_files()[0]).read_text()[:56000]
+    (d/'docs').mkdir()
+    for i in range(8): (d/'docs'/f'd{i}.txt').write_text(text[i * 7000:(i + 1) * 7000])
+    out = d/'out'/'train-tiny.ipynb'; out.parent.mkdir()
+    ov = f"data.source={d/'docs'} data.seq_len=32 data.val_fraction=0.25 training.batch_size=2 logging.progress=false"
+    r = papermill(PM/'train.ipynb', out, '-p', 'model', 'tiny_llama', '-p', 'stage', '2', '-p', 'max_steps', '6',
+                  '-p', 'runs_dir', d/'runs', '-p', 'overrides', ov, cwd=d)
+    assert r.returncode == 0, f"papermill train.ipynb failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    return d, out
+
+def test_train_notebook(trained):
+    d, out = trained
+    assert ROOT/'nbs' not in out.parents
+    text, mimes = outputs(out)
+    assert 'image/png' in mimes, 'the output notebook has no plot'
+    runs = {p.name: json.loads((p/'metadata.json').read_text()) for p in (d/'runs').iterdir()}
+    s2 = [m for m in runs.values() if m['stage'] == '2']
+    assert len(s2) == 1 and s2[0]['status'] == 'COMPLETED', runs
+    assert any(m['stage'] == '1' for m in runs.values())                       # the hand-off ran stage 1 first
+    assert f"status             COMPLETED" in text and s2[0]['run_id'] in text
+    assert (d/'runs'/s2[0]['run_id']/'curves.png').exists()
+    steps = [json.loads(l)['step'] for l in (d/'runs'/s2[0]['run_id']/'metrics.jsonl').read_text().splitlines() if '"loss"' in l]
+    assert steps == list(range(1, 7)), steps
+
+def test_report_notebook(trained):
+    d, _ = trained
+    rid = next(p.name for p in (d/'runs').iterdir() if '-s2-' in p.name)
+    out = d/'out'/'report.ipynb'
+    r = papermill(PM/'report.ipynb', out, '-p', 'runs_dir', d/'runs', '-p', 'runs', rid[:16], cwd=d, timeout=300)
+    assert r.returncode == 0, f"papermill report.ipynb failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    text, mimes = outputs(out)
+    assert 'image/png' in mimes and rid in text and 'last_loss' in text, text[-2000:]
+    # no explicit runs: the newest runs with training steps (stage 1 has none and is skipped)
+    r = papermill(PM/'report.ipynb', d/'out'/'report2.ipynb', '-p', 'runs_dir', d/'runs', cwd=d, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    text, _ = outputs(d/'out'/'report2.ipynb')
+    assert rid in text and '-s1-' not in text.split('last_loss')[-1], text[-2000:]
