@@ -5,7 +5,7 @@ It trains `tiny_llama` with `wf_nb.train.Trainer` on a deterministic in-memory s
 position counts *global* rows (like `wf_nb.data.TokenStream`), so the union of the ranks' batches at step t equals
 the 1-process batch at step t when `batch_size * world_size` is the same, and a checkpoint's data state is valid
 at any world size. `--die-at STEP` makes every rank SIGKILL itself while computing step STEP+1 (a crash with no
-chance to save)."""
+chance to save). `--sigint-at STEP` sends SIGINT to rank 0 only, as `wf cancel` does."""
 import argparse, json, os, signal, sys
 from pathlib import Path
 import torch
@@ -35,6 +35,7 @@ def main(argv=None):
     p.add_argument('--max-steps', type=int, default=8)
     p.add_argument('--save-interval', type=int, default=3)
     p.add_argument('--die-at', type=int, default=-1)
+    p.add_argument('--sigint-at', type=int, default=-1, help='rank 0 alone gets SIGINT at this step (what `wf cancel` sends)')
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     from accelerate import Accelerator
@@ -50,6 +51,7 @@ def main(argv=None):
     model = load_fp_model(cfg.model, seed=0)
     def die(tr, loss):
         if tr.step == a.die_at: os.kill(os.getpid(), signal.SIGKILL)
+        if tr.step == a.sigint_at and tr.acc.is_main_process: os.kill(os.getpid(), signal.SIGINT)
         return loss
     log = print if acc.is_main_process else (lambda *a, **k: None)
     tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, hooks={'loss': die})

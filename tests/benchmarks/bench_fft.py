@@ -7,7 +7,7 @@ is the growth of the process's peak RSS during the warm-up step (what that step 
 inputs). Attention uses `F.scaled_dot_product_attention(is_causal=True)`; on CPU that is PyTorch's flash kernel
 (O(n) memory, O(n^2) time). `--math-attn` adds attention with materialized n x n scores (O(n^2) memory too).
 
-    python tests/benchmarks/bench_fft.py                   # d=256, n = 512 .. 16384 (attention up to 8192)
+    python tests/benchmarks/bench_fft.py                   # d=256, n = 512 .. 16384 (attention up to 8192), 1 thread
     python tests/benchmarks/bench_fft.py --lengths 1024 2048 4096 --attn-max 4096 --reps 2
 """
 import argparse, json, resource, statistics, subprocess, sys, time
@@ -57,7 +57,7 @@ def main(argv=None):
     ap.add_argument('--heads', type=int, default=4)
     ap.add_argument('--modes', type=int, default=64)
     ap.add_argument('--reps', type=int, default=3)
-    ap.add_argument('--threads', type=int, default=2)
+    ap.add_argument('--threads', type=int, default=1, help='torch threads (1: CPU time is not inflated by spin-waiting on a busy machine)')
     ap.add_argument('--attn-max', type=int, default=8192, help='longest sequence for attention (O(n^2) time)')
     ap.add_argument('--math-attn', action='store_true', help='also time attention with materialized n x n scores')
     ap.add_argument('--math-max', type=int, default=4096, help='longest sequence for --math-attn (O(n^2) memory)')

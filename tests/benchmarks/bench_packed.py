@@ -6,7 +6,7 @@ every linear but lm_head swapped for a BitLinear): untrained, so this measures s
 
     python tests/benchmarks/bench_packed.py [--prompt-len 128] [--new-tokens 32] [--reps 5]
 """
-import argparse, copy, statistics, tempfile, time
+import argparse, copy, statistics, sys, tempfile, time
 from pathlib import Path
 import torch
 
@@ -78,7 +78,10 @@ def main():
     rows = []
     for name, m, disk in [('FP fp32', fp, fp_file), ('FP bf16', fp_bf16, 2 * n_params),
                           (f"packed W2A8 ({rep['format']})", packed, rep['file_bytes'])]:
+        t0 = time.time()
         pre, dec = speed(m, ids, a.new_tokens, a.reps)
+        print(f"[bench] {name}: prefill {pre:.0f} tok/s, decode {dec:.1f} tok/s ({time.time() - t0:.0f} s)",
+              file=sys.stderr, flush=True)
         rows.append((name, disk, state_bytes(m), pre, dec))
     print(f"\nSmolLM2-135M-Instruct (Q4_1), ternary via {how}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; prompt {ids.shape[1]} tokens, {a.new_tokens} new tokens, "
