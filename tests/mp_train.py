@@ -46,7 +46,8 @@ def main(argv=None):
                       f'training.save_interval={a.save_interval}', 'training.warmup_steps=0', 'training.spike_factor=0',
                       'logging.interval=1', 'logging.progress=false', 'logging.wandb_mode=disabled', 'data.seq_len=32',
                       'quant.enabled=false'], model='tiny_llama')
-    acc = Accelerator(cpu=True)
+    from wf_nb.launch import check_world
+    acc = check_world(Accelerator(cpu=True))
     data = ShardedRows(rows(seq_len=cfg.data.seq_len), cfg.training.batch_size, acc.process_index, acc.num_processes)
     model = load_fp_model(cfg.model, seed=0)
     def die(tr, loss):

@@ -1,6 +1,8 @@
 """The papermill run notebooks: parameters are documented and survive nbdev_clean, and papermill_runs/train.ipynb
 runs a tiny Stage 2 headless on CPU (Stage 1 runs first through the stage hand-off), leaving the plot in the
-output notebook; papermill_runs/report.ipynb then reports that run. Outputs go to a tmp dir, never under nbs/."""
+output notebook; papermill_runs/report.ipynb then reports that run. Outputs go to a tmp dir, never under nbs/.
+Then the multi-process paths users take: the notebook with num_processes=2 (it launches `accelerate` in a
+subprocess) and `wf train --scale small` (which relaunches itself), both 2 CPU processes, same losses."""
 import json, shutil, subprocess, sys, os
 from pathlib import Path
 import pytest
@@ -8,6 +10,7 @@ from conftest import ROOT, bin_path
 
 PM = ROOT/'papermill_runs'
 TRAIN_PARAMS = {'model', 'stage', 'max_steps', 'overrides', 'runs_dir', 'num_processes', 'scale', 'log_interval', 'skip_recovery', 'out'}
+OV = "data.source={docs} data.seq_len=32 data.val_fraction=0.25 training.batch_size=2 logging.progress=false"
 REPORT_PARAMS = {'runs', 'runs_dir', 'last_n', 'smooth', 'min_steps'}
 
 def _env():
@@ -52,7 +55,7 @@ def trained(tmp_path_factory):
     (d/'docs').mkdir()
     for i in range(8): (d/'docs'/f'd{i}.txt').write_text(text[i * 7000:(i + 1) * 7000])
     out = d/'out'/'train-tiny.ipynb'; out.parent.mkdir()
-    ov = f"data.source={d/'docs'} data.seq_len=32 data.val_fraction=0.25 training.batch_size=2 logging.progress=false"
+    ov = OV.format(docs=d/'docs')
     r = papermill(PM/'train.ipynb', out, '-p', 'model', 'tiny_llama', '-p', 'stage', '2', '-p', 'max_steps', '6',
                   '-p', 'runs_dir', d/'runs', '-p', 'overrides', ov, cwd=d)
     assert r.returncode == 0, f"papermill train.ipynb failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
@@ -85,3 +88,32 @@ def test_report_notebook(trained):
     assert r.returncode == 0, r.stderr[-4000:]
     text, _ = outputs(d/'out'/'report2.ipynb')
     assert rid in text and '-s1-' not in text.split('last_loss')[-1], text[-2000:]
+
+def _metrics(run_dir):
+    return [json.loads(l) for l in (Path(run_dir)/'metrics.jsonl').read_text().splitlines() if '"loss"' in l]
+
+def test_two_processes_notebook_and_cli(trained):
+    "Stage 1 exists already in this runs dir, so both runs go straight to Stage 2 under 2 processes."
+    d, _ = trained
+    out = d/'out'/'train-2proc.ipynb'
+    r = papermill(PM/'train.ipynb', out, '-p', 'model', 'tiny_llama', '-p', 'stage', '2', '-p', 'max_steps', '4',
+                  '-p', 'num_processes', '2', '-p', 'runs_dir', d/'runs', '-p', 'overrides', OV.format(docs=d/'docs'), cwd=d)
+    assert r.returncode == 0, f"papermill train.ipynb (2 processes) failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    text, mimes = outputs(out)
+    assert 'accelerate.commands.launch --num_processes 2' in text and 'image/png' in mimes, text[-3000:]
+    runs = {p.name: json.loads((p/'metadata.json').read_text()) for p in (d/'runs').iterdir()}
+    two = [rid for rid in runs if 'num_processes: 2' in (d/'runs'/rid/'config.yaml').read_text()]
+    assert len(two) == 1 and runs[two[0]]['status'] == 'COMPLETED', runs
+    m_nb = _metrics(d/'runs'/two[0])
+    assert [m['step'] for m in m_nb] == [1, 2, 3, 4] and m_nb[-1]['tokens'] == 4 * 2 * 2 * 31   # 2 ranks x batch 2 x 31 targets
+    # the command users type: wf relaunches itself under accelerate
+    r = subprocess.run([bin_path('wf'), 'train', '-m', 'tiny_llama', '-s', '2', '--scale', 'small', '--runs-dir', str(d/'runs'),
+                        *OV.format(docs=d/'docs').split(), 'training.max_steps=4', 'logging.interval=1'],
+                       cwd=d, capture_output=True, text=True, timeout=600, env=_env())
+    assert r.returncode == 0, f"wf train --scale small failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert 'launching 2 processes' in r.stdout, r.stdout[-2000:]
+    small = [p for p in (d/'runs').iterdir() if 'scale: small' in (p/'config.yaml').read_text()]
+    assert len(small) == 1 and json.loads((small[0]/'metadata.json').read_text())['status'] == 'COMPLETED'
+    m_cli = _metrics(small[0])
+    assert m_cli[-1]['tokens'] == m_nb[-1]['tokens']
+    assert all(abs(a['loss'] - b['loss']) < 1e-5 for a, b in zip(m_cli, m_nb)), ([a['loss'] for a in m_cli], [b['loss'] for b in m_nb])
