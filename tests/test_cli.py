@@ -117,3 +117,21 @@ def test_smoke_real_model(wf, tmp_path):
     "The README's main job: real SmolLM2 + Shakespeare, stage 1 -> 1.9, offline, loss going down."
     r = wf('smoke', timeout=1200, env=ENV)
     assert 'wf smoke: OK' in r.stdout, r.stdout + r.stderr
+
+def test_export_generate_eval(wf, tmp_path):
+    "A finished run -> packed hf-bitnet export (stock transformers loads it) -> generation -> perplexity + MC eval."
+    wf('train', '-s', '1', *TINY, env=ENV)
+    run = only_run(tmp_path / 'runs', '1').name
+    r = wf('export', run, '--format', 'hf-bitnet', '--out', tmp_path / 'packed', env=ENV)
+    assert 'bits' in r.stdout, r.stdout
+    cfg = json.loads((tmp_path / 'packed' / 'config.json').read_text())
+    assert cfg['quantization_config']['linear_class'] == 'bitlinear' and cfg['quantization_config']['quantization_mode'] == 'offline'
+    r = wf('export', run, '--format', 'hf-bitnet', '--out', tmp_path / 'packed', check=False, env=ENV)
+    assert r.returncode != 0 and 'exists' in (r.stderr + r.stdout)                 # never overwritten silently
+    r = wf('generate', tmp_path / 'packed', '--prompt', 'To be, or not', '--max-new-tokens', '5', env=ENV)
+    assert r.stdout.strip(), r.stdout
+    (tmp_path / 'heldout.txt').write_text('Now is the winter of our discontent made glorious summer. ' * 20)
+    (tmp_path / 'mc.jsonl').write_text(json.dumps({'context': 'The cat sat on the', 'choices': [' mat', ' moon'], 'label': 0}) + '\n')
+    r = wf('eval', run, '--data', tmp_path / 'heldout.txt', '--mc', tmp_path / 'mc.jsonl', '--json', tmp_path / 'eval.json', env=ENV)
+    res = json.loads((tmp_path / 'eval.json').read_text())
+    assert 'perplexity' in json.dumps(res) and 'accuracy' in json.dumps(res), res

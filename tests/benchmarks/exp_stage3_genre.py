@@ -1,0 +1,156 @@
+"""Issue 5 real run: FP zero-shot vs FP-SFT (teacher) vs direct ternary SFT vs Stage 3 (BitDistill) on the
+offline Shakespeare genre task (3-way comedy/history/tragedy, split by play), SmolLM2-135M-Instruct (Q4_1).
+
+Every arm is trained with the user-facing CLI (`wf train ...`, one runs dir so the Stage-3 hand-off finds the
+Stage-1 output and the FP-SFT teacher) and evaluated on the same balanced test subsample (plays never seen in
+training) with `wf_nb.tasks.task_accuracy` (label-token log-likelihood, accuracy +- standard error).
+
+    python tests/benchmarks/exp_stage3_genre.py --steps 40 --batch-size 8 --lr 1e-4 --runs-dir /tmp/g_runs
+
+Completed runs with the same config in --runs-dir are reused (not retrained), so a rerun only evaluates.
+"""
+from __future__ import annotations
+import argparse, json, os, subprocess, sys, time
+from pathlib import Path
+
+MODEL, TASK = 'smollm2_135m', 'shakespeare_genre'
+
+
+def sh(args, log):
+    "Run a `wf` command, echoing it; fail loudly with its output."
+    cmd = ['wf', *args]
+    log(f"$ {' '.join(cmd)}")
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, 'WANDB_MODE': os.environ.get('WANDB_MODE', 'disabled')})
+    dt = time.time() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"command failed ({p.returncode}) after {dt:.0f}s: {' '.join(cmd)}\n--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}")
+    log(f"  done in {dt:.0f}s")
+    return dt
+
+
+def find(runs_dir, stage, **match):
+    from wf_nb.runs import find_runs
+    runs = find_runs(runs_dir, stage=stage, **{'model.name': MODEL, **match})
+    return runs[0] if runs else None
+
+
+def output_of(run) -> Path: return Path(run.meta().get('output') or run.output)
+
+
+def metric_rows(run):
+    p = Path(run.dir)/'metrics.jsonl'
+    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+
+
+def main(argv=None):
+    global MODEL
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--steps', type=int, default=40)
+    ap.add_argument('--batch-size', type=int, default=8)
+    ap.add_argument('--lr', type=float, default=1e-4, help='lr of every trained arm (b, c, d)')
+    ap.add_argument('--lr-ternary', type=float, default=None, help='lr of the two ternary arms (c, d); default --lr')
+    ap.add_argument('--seq-len', type=int, default=128, help='data.seq_len (passages are ~100-200 tokens; cut from the start)')
+    ap.add_argument('--precision', default='fp32', choices=['fp32', 'bf16'])
+    ap.add_argument('--n-test-per-genre', type=int, default=100, help='balanced test subsample (0: the whole test split)')
+    ap.add_argument('--eval-batch-size', type=int, default=16)
+    ap.add_argument('--runs-dir', default=os.environ.get('WF_RUNS_DIR', 'runs'))
+    ap.add_argument('--skip-stage1-eval', action='store_true', help='do not evaluate the untrained Stage-1 ternary model')
+    ap.add_argument('--json', default=None, help='also write the results here')
+    ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama for a quick smoke test of this script)')
+    a = ap.parse_args(argv)
+    MODEL = a.model
+    t_start = time.time()
+    log = lambda *x: print(*x, flush=True)
+    import torch
+    torch.manual_seed(0)
+    from wf_nb.config import get_config
+    from wf_nb.assets import load_fp_model, load_tokenizer
+    from wf_nb.tasks import shakespeare_genre, task_accuracy, GENRE_TASK
+    import wf_nb
+    mc = get_config(model=MODEL).model
+    tok = load_tokenizer(mc)
+    test = shakespeare_genre('test', n_per_genre=a.n_test_per_genre or None)
+    log(f"test set: {len(test)} passages from plays {sorted({e['play'] for e in test})}")
+    lr_t = a.lr if a.lr_ternary is None else a.lr_ternary
+    common = [f'data.task={TASK}', f'training.max_steps={a.steps}', f'training.batch_size={a.batch_size}',
+              f'data.seq_len={a.seq_len}', f'training.precision={a.precision}', 'logging.interval=1',
+              f'training.save_interval={a.steps}', 'training.warmup_steps=0', 'logging.progress=false']
+    rd = ['--runs-dir', a.runs_dir]
+    results, notes = [], {}
+
+    def evaluate(name, model, steps, note, secs=None):
+        t0 = time.time()
+        r = task_accuracy(model, tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size)
+        log(f"[{name}] acc {r['accuracy']:.3f} +- {r['stderr']:.3f} (n={r['n']}), eval {time.time() - t0:.0f}s, confusion {r['confusion']}")
+        results.append(dict(arm=name, steps=steps, accuracy=r['accuracy'], stderr=r['stderr'], n=r['n'],
+                            confusion=r['confusion'], train_s=secs, note=note))
+
+    # (a) FP zero-shot
+    fp = load_fp_model(mc, seed=0)
+    evaluate('(a) FP zero-shot', fp, 0, 'SmolLM2-135M-Instruct (Q4_1), no training')
+    del fp
+
+    # Stage 1 (SubLN + ternary conversion, no training): the start of (c) and (d)
+    s1 = find(a.runs_dir, '1')
+    s1_secs = None
+    if s1 is None:
+        s1_secs = sh(['train', '-m', MODEL, '-s', '1', *rd], log); s1 = find(a.runs_dir, '1')
+    s1_out = output_of(s1)
+    log(f"stage 1 output: {s1_out}")
+    if not a.skip_stage1_eval:
+        evaluate('(s1) ternary, Stage 1 only', wf_nb.load(s1_out), 0, 'SubLN+ternary conversion, no training', s1_secs)
+
+    def arm(name, stage, extra, note, **match):
+        lr = extra[0]
+        ov = [*common, f'training.lr={lr}', *extra[1:]]
+        key = {'data.task': TASK, 'training.max_steps': a.steps, 'training.batch_size': a.batch_size,
+               'training.lr': lr, 'data.seq_len': a.seq_len, 'training.precision': a.precision, **match}
+        run = find(a.runs_dir, stage, **key)
+        secs = None
+        if run is None:
+            secs = sh(['train', '-m', MODEL, '-s', stage, *rd, *ov], log)
+            run = find(a.runs_dir, stage, **key)
+        else: log(f"[{name}] reusing completed run {run.id}")
+        if run is None: raise SystemExit(f"{name}: the run finished but no COMPLETED stage-{stage} run matches {key}")
+        rows = [r for r in metric_rows(run) if 'loss' in r]
+        rb = [r for r in metric_rows(run) if r.get('event') == 'rollback']
+        evaluate(name, wf_nb.load(output_of(run)), run.meta().get('summary', {}).get('step', a.steps),
+                 note + (f"; {len(rb)} loss-spike rollback(s)" if rb else ''), secs)
+        results[-1].update(run=run.id, loss_first=rows[0]['loss'] if rows else None, loss_last=rows[-1]['loss'] if rows else None)
+        return run, rows
+
+    # (b) FP-SFT (the teacher), (c) direct ternary SFT from Stage 1, (d) Stage 3 from Stage 1 with (b) as teacher
+    arm('(b) FP-SFT (teacher)', 'sft', [a.lr], f'lr {a.lr:g}', **{'training.checkpoint_path': ''})
+    arm('(c) ternary SFT (no KD)', 'sft', [lr_t, f'training.checkpoint_path={s1_out}'], f'from Stage 1, lr {lr_t:g}',
+        **{'training.checkpoint_path': str(s1_out)})
+    r3, rows3 = arm('(d) Stage 3 BitDistill', '3', [lr_t], f'from Stage 1, teacher (b), lr {lr_t:g}, T=5, lam_ld=10, gamma=1e5')
+    teacher = r3.meta().get('teacher')
+    parent = r3.meta().get('lineage', {}).get('parent_output')
+
+    print('\n## Results: Shakespeare genre (3-way, by play), SmolLM2-135M-Instruct (Q4_1)\n')
+    print(f"steps {a.steps}, batch {a.batch_size} x seq_len {a.seq_len}, lr {a.lr:g} (FP) / {lr_t:g} (ternary), "
+          f"precision {a.precision}, test n = {len(test)} (balanced, plays unseen in training), chance = 0.333\n")
+    print('| arm | steps | test accuracy ± se | n | notes |')
+    print('|---|---|---|---|---|')
+    for r in results:
+        t = f"; train {r['train_s']:.0f}s" if r.get('train_s') else ''
+        print(f"| {r['arm']} | {r['steps']} | {r['accuracy']:.3f} ± {r['stderr']:.3f} | {r['n']} | {r['note']}{t} |")
+    print(f"\nStage 3 run {r3.id}: parent {parent}, teacher {teacher}\n")
+    if rows3:
+        keys = ['loss', 'ce', 'kd', 'kd_weighted', 'attn', 'attn_weighted']
+        k = max(1, len(rows3) // 4)
+        print('| Stage-3 term | first step | mean first 25% | mean last 25% | last step |')
+        print('|---|---|---|---|---|')
+        for key in keys:
+            if key not in rows3[0]: continue
+            f = lambda rs: sum(r[key] for r in rs) / len(rs)
+            print(f"| {key} | {rows3[0][key]:.4g} | {f(rows3[:k]):.4g} | {f(rows3[-k:]):.4g} | {rows3[-1][key]:.4g} |")
+        print('\n(loss = ce + kd_weighted + attn_weighted; kd_weighted = lambda_logits * kd, kd already includes T^2; '
+              'attn_weighted = gamma * attn)')
+    print(f"\nwall time {time.time() - t_start:.0f}s")
+    if a.json: Path(a.json).write_text(json.dumps(dict(args=vars(a), results=results, stage3_rows=rows3), indent=1, default=str))
+
+
+if __name__ == '__main__':
+    main()
