@@ -128,7 +128,7 @@ def main(argv=None):
     teacher = r3.meta().get('teacher')
     parent = r3.meta().get('lineage', {}).get('parent_output')
 
-    print('\n## Results: Shakespeare genre (3-way, by play), SmolLM2-135M-Instruct (Q4_1)\n')
+    print(f'\n## Results: Shakespeare genre (3-way, by play), {MODEL}{" = SmolLM2-135M-Instruct (Q4_1)" if MODEL == "smollm2_135m" else ""}\n')
     print(f"steps {a.steps}, batch {a.batch_size} x seq_len {a.seq_len}, lr {a.lr:g} (FP) / {lr_t:g} (ternary), "
           f"precision {a.precision}, test n = {len(test)} (balanced, plays unseen in training), chance = 0.333\n")
     print('| arm | steps | test accuracy ± se | n | notes |')
