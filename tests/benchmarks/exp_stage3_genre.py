@@ -29,10 +29,32 @@ def sh(args, log):
     return dt
 
 
-def find(runs_dir, stage, **match):
+def find(runs_dir, stage, status='COMPLETED', **match):
     from wf_nb.runs import find_runs
-    runs = find_runs(runs_dir, stage=stage, **{'model.name': MODEL, **match})
+    runs = find_runs(runs_dir, status=status, stage=stage, **{'model.name': MODEL, **match})
     return runs[0] if runs else None
+
+
+def wait_running(runs_dir, stage, log, **match):
+    "A matching run another process is training (e.g. an arm started by hand in parallel): wait for it to end."
+    run = find(runs_dir, stage, status='RUNNING', **match)
+    if run is None: return None
+    log(f"  run {run.id} is RUNNING (pid {run.meta().get('pid')}): waiting for it")
+    while run.status == 'RUNNING': time.sleep(15)
+    log(f"  run {run.id} ended {run.status}")
+    return run if run.status in ('COMPLETED', 'INTERRUPTED') else None
+
+
+def load_interrupted(run, mc):
+    "The model of an INTERRUPTED run (stopped by hand for the CPU time limit): its start point + its latest checkpoint, strictly."
+    import wf_nb
+    from wf_nb.assets import load_fp_model
+    from wf_nb.train import list_checkpoints, load_checkpoint
+    parent = run.meta().get('lineage', {}).get('parent_output')
+    model = wf_nb.load(parent) if parent else load_fp_model(mc, seed=0)
+    ckpt = list_checkpoints(run.dir)[-1]
+    load_checkpoint(ckpt, model)
+    return model, int(ckpt.name[5:])
 
 
 def output_of(run) -> Path: return Path(run.meta().get('output') or run.output)
@@ -47,6 +69,7 @@ def main(argv=None):
     global MODEL
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--steps', type=int, default=40)
+    ap.add_argument('--teacher-steps', type=int, default=None, help='steps of the FP-SFT teacher (b); default --steps')
     ap.add_argument('--batch-size', type=int, default=8)
     ap.add_argument('--lr', type=float, default=1e-4, help='lr of every trained arm (b, c, d)')
     ap.add_argument('--lr-ternary', type=float, default=None, help='lr of the two ternary arms (c, d); default --lr')
@@ -57,6 +80,7 @@ def main(argv=None):
     ap.add_argument('--runs-dir', default=os.environ.get('WF_RUNS_DIR', 'runs'))
     ap.add_argument('--skip-stage1-eval', action='store_true', help='do not evaluate the untrained Stage-1 ternary model')
     ap.add_argument('--json', default=None, help='also write the results here')
+    ap.add_argument('--eval-cache', default=None, help='JSON file caching test results per checkpoint (a rerun skips done evals)')
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama for a quick smoke test of this script)')
     a = ap.parse_args(argv)
     MODEL = a.model
@@ -79,17 +103,25 @@ def main(argv=None):
     rd = ['--runs-dir', a.runs_dir]
     results, notes = [], {}
 
-    def evaluate(name, model, steps, note, secs=None):
+    cache = json.loads(Path(a.eval_cache).read_text()) if a.eval_cache and Path(a.eval_cache).exists() else {}
+
+    def evaluate(name, model, steps, note, secs=None, key=None):
+        "Test accuracy of `model` (a callable that loads it); cached under `key` (the checkpoint) with --eval-cache."
         t0 = time.time()
-        r = task_accuracy(model, tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size)
+        ck = json.dumps([key or name, len(test), a.n_test_per_genre, a.seq_len])
+        if ck in cache: r = cache[ck]; log(f"[{name}] from --eval-cache {a.eval_cache}")
+        else:
+            r = task_accuracy(model(), tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size)
+            r = {k: r[k] for k in ('accuracy', 'stderr', 'n', 'correct', 'confusion')}
+            if a.eval_cache:
+                cache[ck] = r; Path(a.eval_cache).write_text(json.dumps(cache, indent=1))
         log(f"[{name}] acc {r['accuracy']:.3f} +- {r['stderr']:.3f} (n={r['n']}), eval {time.time() - t0:.0f}s, confusion {r['confusion']}")
         results.append(dict(arm=name, steps=steps, accuracy=r['accuracy'], stderr=r['stderr'], n=r['n'],
                             confusion=r['confusion'], train_s=secs, note=note))
 
     # (a) FP zero-shot
-    fp = load_fp_model(mc, seed=0)
-    evaluate('(a) FP zero-shot', fp, 0, 'SmolLM2-135M-Instruct (Q4_1), no training')
-    del fp
+    evaluate('(a) FP zero-shot', lambda: load_fp_model(mc, seed=0), 0, 'SmolLM2-135M-Instruct (Q4_1), no training',
+             key=f'fp:{MODEL}')
 
     # Stage 1 (SubLN + ternary conversion, no training): the start of (c) and (d)
     s1 = find(a.runs_dir, '1')
@@ -99,14 +131,16 @@ def main(argv=None):
     s1_out = output_of(s1)
     log(f"stage 1 output: {s1_out}")
     if not a.skip_stage1_eval:
-        evaluate('(s1) ternary, Stage 1 only', wf_nb.load(s1_out), 0, 'SubLN+ternary conversion, no training', s1_secs)
+        evaluate('(s1) ternary, Stage 1 only', lambda: wf_nb.load(s1_out), 0, 'SubLN+ternary conversion, no training', s1_secs,
+                 key=str(s1_out))
 
-    def arm(name, stage, extra, note, **match):
-        lr = extra[0]
-        ov = [*common, f'training.lr={lr}', *extra[1:]]
-        key = {'data.task': TASK, 'training.max_steps': a.steps, 'training.batch_size': a.batch_size,
+    def arm(name, stage, extra, note, steps=None, **match):
+        lr, steps = extra[0], steps or a.steps
+        ov = [*[c for c in common if not c.startswith('training.max_steps=') and not c.startswith('training.save_interval=')],
+              f'training.max_steps={steps}', f'training.save_interval={steps}', f'training.lr={lr}', *extra[1:]]
+        key = {'data.task': TASK, 'training.max_steps': steps, 'training.batch_size': a.batch_size,
                'training.lr': lr, 'data.seq_len': a.seq_len, 'training.precision': a.precision, **match}
-        run = find(a.runs_dir, stage, **key)
+        run = find(a.runs_dir, stage, **key) or wait_running(a.runs_dir, stage, log, **key)
         secs = None
         if run is None:
             secs = sh(['train', '-m', MODEL, '-s', stage, *rd, *ov], log)
@@ -115,13 +149,21 @@ def main(argv=None):
         if run is None: raise SystemExit(f"{name}: the run finished but no COMPLETED stage-{stage} run matches {key}")
         rows = [r for r in metric_rows(run) if 'loss' in r]
         rb = [r for r in metric_rows(run) if r.get('event') == 'rollback']
-        evaluate(name, wf_nb.load(output_of(run)), run.meta().get('summary', {}).get('step', a.steps),
-                 note + (f"; {len(rb)} loss-spike rollback(s)" if rb else ''), secs)
+        note += f"; {len(rb)} loss-spike rollback(s)" if rb else ''
+        if run.status == 'INTERRUPTED':   # stopped early (CPU time limit): evaluate its latest checkpoint, and say so
+            from wf_nb.train import list_checkpoints
+            k = int(list_checkpoints(run.dir)[-1].name[5:])
+            evaluate(name, lambda: load_interrupted(run, mc)[0], k,
+                     note + f"; INTERRUPTED at step {k}/{steps} (cosine lr schedule of {steps} steps), latest checkpoint",
+                     secs, key=f'{run.dir}/checkpoints/step_{k:08d}')
+        else:
+            evaluate(name, lambda: wf_nb.load(output_of(run)), run.meta().get('summary', {}).get('step', steps), note, secs,
+                     key=str(output_of(run)))
         results[-1].update(run=run.id, loss_first=rows[0]['loss'] if rows else None, loss_last=rows[-1]['loss'] if rows else None)
         return run, rows
 
     # (b) FP-SFT (the teacher), (c) direct ternary SFT from Stage 1, (d) Stage 3 from Stage 1 with (b) as teacher
-    arm('(b) FP-SFT (teacher)', 'sft', [a.lr], f'lr {a.lr:g}', **{'training.checkpoint_path': ''})
+    arm('(b) FP-SFT (teacher)', 'sft', [a.lr], f'lr {a.lr:g}', steps=a.teacher_steps, **{'training.checkpoint_path': ''})
     arm('(c) ternary SFT (no KD)', 'sft', [lr_t, f'training.checkpoint_path={s1_out}'], f'from Stage 1, lr {lr_t:g}',
         **{'training.checkpoint_path': str(s1_out)})
     r3, rows3 = arm('(d) Stage 3 BitDistill', '3', [lr_t], f'from Stage 1, teacher (b), lr {lr_t:g}, T=5, lam_ld=10, gamma=1e5')
@@ -129,7 +171,7 @@ def main(argv=None):
     parent = r3.meta().get('lineage', {}).get('parent_output')
 
     print(f'\n## Results: Shakespeare genre (3-way, by play), {MODEL}{" = SmolLM2-135M-Instruct (Q4_1)" if MODEL == "smollm2_135m" else ""}\n')
-    print(f"steps {a.steps}, batch {a.batch_size} x seq_len {a.seq_len}, lr {a.lr:g} (FP) / {lr_t:g} (ternary), "
+    print(f"steps {a.steps} (teacher {a.teacher_steps or a.steps}), batch {a.batch_size} x seq_len {a.seq_len}, lr {a.lr:g} (FP) / {lr_t:g} (ternary), "
           f"precision {a.precision}, test n = {len(test)} (balanced, plays unseen in training), chance = 0.333\n")
     print('| arm | steps | test accuracy ± se | n | notes |')
     print('|---|---|---|---|---|')
