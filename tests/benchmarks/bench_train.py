@@ -9,8 +9,10 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
 
     python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...]
 
-Prints a table of median tokens/s, peak RSS and the ratio to `fp` at the same precision.
-This is a benchmark, not a test: the machine is shared and noisy, so read the ratios, not the absolutes."""
+Prints a table of median tokens/s (wall) and tokens per CPU-second (process CPU time, steadier than wall time when
+other processes share the cores), peak RSS and the ratio to `fp` at the same precision.
+This is a benchmark, not a test: the machine is shared and noisy, so read the ratios, not the absolutes.
+Run with OMP_NUM_THREADS=1 on a loaded machine so CPU time is not inflated by spinning threads."""
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
@@ -62,11 +64,11 @@ def plain_loop(model, data, precision, warmup):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     times = []
     for i, b in enumerate(data):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'):
             loss = model(**b).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-        if i >= warmup: times.append(time.perf_counter() - t0)
+        if i >= warmup: times.append((time.perf_counter() - t0, time.process_time() - c0))
     return times
 
 def hf_trainer_loop(model, data, precision, warmup):
@@ -74,9 +76,9 @@ def hf_trainer_loop(model, data, precision, warmup):
     from transformers import Trainer, TrainingArguments, TrainerCallback
     times, t = [], {}
     class Clock(TrainerCallback):
-        def on_step_begin(self, *a, **k): t['t0'] = time.perf_counter()
+        def on_step_begin(self, *a, **k): t['t0'], t['c0'] = time.perf_counter(), time.process_time()
         def on_step_end(self, args, state, *a, **k):
-            if state.global_step > warmup: times.append(time.perf_counter() - t['t0'])
+            if state.global_step > warmup: times.append((time.perf_counter() - t['t0'], time.process_time() - t['c0']))
     class DS(torch.utils.data.Dataset):
         def __len__(self): return len(data) * B
         def __getitem__(self, i): b = data[i // B]; return {k: v[i % B] for k, v in b.items()}
@@ -95,12 +97,17 @@ def wf_trainer_loop(model, data, precision, warmup):
                       f'training.precision={precision}', 'training.save_interval=100000', 'logging.interval=1',
                       'logging.progress=false', 'logging.wandb_mode=disabled'], stage='2')
     rows = torch.cat([b['input_ids'] for b in data])
+    marks = []
     with tempfile.TemporaryDirectory() as d:
         tr = Trainer(cfg, model, ListStream(rows, B), d, log=lambda *a: None)
         tr.save = lambda *a, **k: None   # measure training, not checkpoint writes
+        step = tr.train_step
+        def timed():   # the time between consecutive step starts = one whole step (optimizer and metrics included)
+            marks.append((time.perf_counter(), time.process_time())); return step()
+        tr.train_step = timed
         tr.fit(resume=False)
-        recs = [json.loads(l) for l in Path(d, 'metrics.jsonl').read_text().splitlines()]
-    return [B * S / r['tokens_per_s'] for r in recs if 'tokens_per_s' in r][warmup:]
+        marks.append((time.perf_counter(), time.process_time()))
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])][warmup:]
 
 def one(arm, precision, steps, warmup):
     import torch
@@ -112,7 +119,8 @@ def one(arm, precision, steps, warmup):
     run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop,
            'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop}[arm]
     times = run(model, data, precision, warmup)
-    print(json.dumps({'arm': arm, 'precision': precision, 'tokens_per_s': B * S / statistics.median(times),
+    print(json.dumps({'arm': arm, 'precision': precision, 'tokens_per_s': B * S / statistics.median(w for w, c in times),
+                      'tokens_per_cpu_s': B * S / statistics.median(c for w, c in times),
                       'steps_timed': len(times), 'peak_rss_mb': peak_rss_mb(), 'threads': torch.get_num_threads()}))
 
 def main():
@@ -131,11 +139,11 @@ def main():
             if r.returncode or not line: print(f"{arm}/{prec} failed:\n{r.stderr[-2000:]}", file=sys.stderr); continue
             res.append(json.loads(line[-1])); print(f"  done {arm}/{prec}: {res[-1]['tokens_per_s']:.0f} tok/s", file=sys.stderr)
     print(f"\nStage-2 training step, SmolLM2-135M-Instruct (Q4_1), batch {B} x {S}, median of {a.steps} steps after {a.warmup} warmup, CPU {res[0]['threads'] if res else '?'} threads\n")
-    print(f"| arm | precision | tokens/s | vs fp | peak RSS MB |\n|---|---|---|---|---|")
+    print(f"| arm | precision | tokens/s (wall) | tokens per CPU-s | vs fp (CPU) | peak RSS MB |\n|---|---|---|---|---|---|")
     for r in res:
         base = next((x for x in res if x['arm'] == 'fp' and x['precision'] == r['precision']), None)
-        ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else ''
-        print(f"| {r['arm']} | {r['precision']} | {r['tokens_per_s']:.0f} | {ratio} | {r['peak_rss_mb']:.0f} |")
+        ratio = f"{r['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x" if base else ''
+        print(f"| {r['arm']} | {r['precision']} | {r['tokens_per_s']:.0f} | {r['tokens_per_cpu_s']:.0f} | {ratio} | {r['peak_rss_mb']:.0f} |")
 
 if __name__ == '__main__':
     main()
