@@ -36,6 +36,7 @@ def main(argv=None):
     p.add_argument('--save-interval', type=int, default=3)
     p.add_argument('--die-at', type=int, default=-1)
     p.add_argument('--sigint-at', type=int, default=-1, help='rank 0 alone gets SIGINT at this step (what `wf cancel` sends)')
+    p.add_argument('--strategy', default='ddp', help='distributed.strategy: ddp | fsdp (FSDP2)')
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     from accelerate import Accelerator
@@ -45,7 +46,7 @@ def main(argv=None):
     cfg = get_config([f'training.max_steps={a.max_steps}', f'training.batch_size={a.batch_size}', 'training.lr=5e-3',
                       f'training.save_interval={a.save_interval}', 'training.warmup_steps=0', 'training.spike_factor=0',
                       'logging.interval=1', 'logging.progress=false', 'logging.wandb_mode=disabled', 'data.seq_len=32',
-                      'quant.enabled=false'], model='tiny_llama')
+                      'quant.enabled=false', f'distributed.strategy={a.strategy}'], model='tiny_llama')
     from wf_nb.launch import check_world
     acc = check_world(Accelerator(cpu=True))
     data = ShardedRows(rows(seq_len=cfg.data.seq_len), cfg.training.batch_size, acc.process_index, acc.num_processes)
@@ -58,7 +59,7 @@ def main(argv=None):
     tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, hooks={'loss': die})
     res = tr.fit()
     if acc.is_main_process:
-        print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes}), flush=True)
+        print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes, 'sharded': tr.sharded}), flush=True)
     acc.wait_for_everyone()
     if acc.num_processes > 1: torch.distributed.destroy_process_group()
     return 0

@@ -5,8 +5,11 @@ tests/mp_train.py, which trains tiny_llama with wf_nb.train.Trainer on a rank-sh
 (b) a 2-process run whose processes are SIGKILLed mid-run resumes from its last checkpoint and ends with the
     per-step losses of the uninterrupted run;
 (c) a checkpoint written at world size 2 reloads at world size 1 and continues with the same losses;
-(d) `wf cancel` (SIGINT to rank 0 only) stops every rank cleanly with a checkpoint, and the run resumes exactly.
-One module-scoped set of runs serves (a)-(c) (5 runs, about 2 minutes on 2 busy cores); (d) adds 2 runs."""
+(d) `wf cancel` (SIGINT to rank 0 only) stops every rank cleanly with a checkpoint, and the run resumes exactly;
+(e) the same with FSDP2 (`distributed.strategy=fsdp`, sharded by `wf_nb.train.shard_model` on CPU): 2 sharded
+    processes match 1 process, a killed sharded run resumes exactly, its checkpoint reloads unsharded at world size
+    1, and a DDP checkpoint reloads into a sharded run.
+One module-scoped set of runs serves (a)-(c) (5 runs, about 2 minutes on 2 busy cores); (d) adds 2 runs, (e) 5."""
 import inspect, json, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
@@ -63,6 +66,7 @@ def runs(tmp_path_factory):
     out['killed_rc'], out['killed_ckpts'] = r.returncode, sorted(p.name for p in (d/'killed'/'checkpoints').glob('step_*'))
     out['killed_steps'] = sorted(losses(d/'killed'))
     shutil.copytree(d/'killed', d/'w1')                                           # the world-size-2 checkpoint, for (c)
+    shutil.copytree(d/'killed', d/'ddp_to_fsdp')                                  # ... and for (e)
     out['resumed'] = run(torchrun_cmd(2), d/'killed', 2)[1]                        # same command again (torchrun this time)
     out['w1'] = run([sys.executable, str(SCRIPT)], d/'w1', 4)[1]                   # world size 1, batch 4, from step 3
     out['dir'] = d
@@ -97,3 +101,35 @@ def test_cancel_rank0_stops_all_ranks_and_resumes(runs, tmp_path):
     _, res = run(torchrun_cmd(2), tmp_path/'c', 2)
     assert res['status'] == 'COMPLETED' and res['start_step'] == DIE + 1, res
     assert_close(losses(tmp_path/'c'), losses(runs['dir']/'two'), tol=1e-6)
+
+
+@pytest.fixture(scope='module')
+def fsdp_runs(runs):
+    d, out = runs['dir'], {}
+    out['two'] = run(accelerate_cmd(2), d/'fsdp_two', 2, '--strategy', 'fsdp')[1]
+    r, _ = run(accelerate_cmd(2), d/'fsdp_killed', 2, '--strategy', 'fsdp', '--die-at', DIE, check=False)
+    out['killed_rc'], out['killed_ckpts'] = r.returncode, sorted(p.name for p in (d/'fsdp_killed'/'checkpoints').glob('step_*'))
+    shutil.copytree(d/'fsdp_killed', d/'fsdp_w1')
+    out['resumed'] = run(torchrun_cmd(2), d/'fsdp_killed', 2, '--strategy', 'fsdp')[1]
+    out['w1'] = run([sys.executable, str(SCRIPT)], d/'fsdp_w1', 4)[1]                  # unsharded, world size 1
+    out['from_ddp'] = run(torchrun_cmd(2), d/'ddp_to_fsdp', 2, '--strategy', 'fsdp')[1] # DDP checkpoint -> FSDP2
+    return out
+
+def test_fsdp_two_processes_match_one(runs, fsdp_runs):
+    res = fsdp_runs['two']
+    assert res['sharded'] and res['world_size'] == 2 and res['status'] == 'COMPLETED', res
+    assert not runs['one']['sharded'] and res['tokens_seen'] == runs['one']['tokens_seen']
+    assert_close(losses(runs['dir']/'fsdp_two'), losses(runs['dir']/'one'))
+
+def test_fsdp_killed_run_resumes_and_reloads_anywhere(runs, fsdp_runs):
+    d = runs['dir']
+    assert fsdp_runs['killed_rc'] != 0 and fsdp_runs['killed_ckpts'] == ['step_00000003'], fsdp_runs
+    res = fsdp_runs['resumed']
+    assert res['sharded'] and res['status'] == 'COMPLETED' and res['start_step'] == 3, res
+    assert_close(losses(d/'fsdp_killed'), losses(d/'fsdp_two'), tol=1e-6)              # same world size: exact
+    res = fsdp_runs['w1']                                                              # sharded checkpoint, 1 process
+    assert not res['sharded'] and res['start_step'] == 3 and res['world_size'] == 1, res
+    assert_close(losses(d/'fsdp_w1'), losses(d/'fsdp_two'))
+    res = fsdp_runs['from_ddp']                                                        # DDP checkpoint, sharded run
+    assert res['sharded'] and res['start_step'] == 3 and res['status'] == 'COMPLETED', res
+    assert_close(losses(d/'ddp_to_fsdp'), losses(d/'two'))

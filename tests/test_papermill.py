@@ -117,3 +117,15 @@ def test_two_processes_notebook_and_cli(trained):
     m_cli = _metrics(small[0])
     assert m_cli[-1]['tokens'] == m_nb[-1]['tokens']
     assert all(abs(a['loss'] - b['loss']) < 1e-5 for a, b in zip(m_cli, m_nb)), ([a['loss'] for a in m_cli], [b['loss'] for b in m_nb])
+    # FSDP2 (sharded by the Trainer on CPU): same losses, and its gathered final model equals the DDP one
+    r = subprocess.run([bin_path('wf'), 'train', '-m', 'tiny_llama', '-s', '2', '--scale', 'small', '--runs-dir', str(d/'runs'),
+                        *OV.format(docs=d/'docs').split(), 'training.max_steps=4', 'logging.interval=1', 'distributed.strategy=fsdp'],
+                       cwd=d, capture_output=True, text=True, timeout=600, env=_env())
+    assert r.returncode == 0, f"wf train --scale small distributed.strategy=fsdp failed\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    fsdp = [p for p in (d/'runs').iterdir() if 'strategy: fsdp' in (p/'config.yaml').read_text()]
+    assert len(fsdp) == 1 and json.loads((fsdp[0]/'metadata.json').read_text())['status'] == 'COMPLETED'
+    m_fsdp = _metrics(fsdp[0])
+    assert all(abs(a['loss'] - b['loss']) < 1e-5 for a, b in zip(m_fsdp, m_cli)), ([a['loss'] for a in m_fsdp], [b['loss'] for b in m_cli])
+    from safetensors.torch import load_file
+    a, b = load_file(str(fsdp[0]/'final'/'model.safetensors')), load_file(str(small[0]/'final'/'model.safetensors'))
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a), [k for k in a if (a[k] - b[k]).abs().max() >= 1e-4]
