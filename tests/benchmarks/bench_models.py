@@ -24,8 +24,10 @@ ARMS = {   # name: (model preset, overrides)
     'code_140m_fim': ('mobilellm_140m', ['training=code_pretrain', 'data=code_fim', 'model.vocab_size=49152']),
     'code_140m_progressive': ('mobilellm_140m', ['training=code_pretrain', 'data=code_progressive', 'model.vocab_size=49152',
                                                  'data.context_schedule=128:0.5,256:0.5']),
-    'moe_500m_muon': ('moe_500m', ['training=moe_muon', 'data.source=shakespeare']),
-    'moe_500m_muon_ternary': ('moe_500m', ['training=moe_muon', 'data.source=shakespeare', 'model.ternary=true']),
+    'moe_500m_adamw': ('moe_500m', ['training=moe_muon', 'training.optimizer=adamw', 'training.lr=1e-3', 'data.source=shakespeare']),
+    'moe_500m_adamw_ternary': ('moe_500m', ['training=moe_muon', 'training.optimizer=adamw', 'training.lr=1e-3',
+                                            'data.source=shakespeare', 'model.ternary=true']),
+    'moe_500m_muon': ('moe_500m', ['training=moe_muon', 'data.source=shakespeare']),   # Newton-Schulz per expert matrix: slow on CPU
     'fft_medium': ('fft_medium', ['training=fft_32k', 'data.source=shakespeare']),
 }
 
