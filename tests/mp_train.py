@@ -42,7 +42,7 @@ def main(argv=None):
     from accelerate import Accelerator
     from wf_nb.config import get_config
     from wf_nb.assets import load_fp_model
-    from wf_nb.train import Trainer
+    from wf_nb.train import Trainer, is_fsdp
     cfg = get_config([f'training.max_steps={a.max_steps}', f'training.batch_size={a.batch_size}', 'training.lr=5e-3',
                       f'training.save_interval={a.save_interval}', 'training.warmup_steps=0', 'training.spike_factor=0',
                       'logging.interval=1', 'logging.progress=false', 'logging.wandb_mode=disabled', 'data.seq_len=32',
@@ -59,7 +59,7 @@ def main(argv=None):
     tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, hooks={'loss': die})
     res = tr.fit()
     if acc.is_main_process:
-        print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes, 'sharded': tr.sharded}), flush=True)
+        print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes, 'sharded': is_fsdp(tr.acc.unwrap_model(tr.model))}), flush=True)
     acc.wait_for_everyone()
     if acc.num_processes > 1: torch.distributed.destroy_process_group()
     return 0
