@@ -10,10 +10,10 @@ from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['GROUPS', 'PRESETS', 'PRESET_MODULES', 'STAGES', 'CHOICES', 'FINGERPRINT_IGNORE', 'ModelConfig', 'DataConfig',
-           'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig', 'DistributedConfig', 'WFConfig',
-           'register_preset', 'load_preset_modules', 'ConfigError', 'apply_override', 'normalize_stage', 'validate',
-           'get_config', 'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
+__all__ = ['GROUPS', 'PRESETS', 'PRESET_MODULES', 'STAGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE', 'ModelConfig',
+           'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig', 'DistributedConfig',
+           'WFConfig', 'register_preset', 'load_preset_modules', 'ConfigError', 'apply_override', 'normalize_stage',
+           'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
 
 # %% ../nbs/00_config.ipynb #d34c4eb8
 @dataclass
@@ -100,23 +100,26 @@ class TrainingConfig:
 @dataclass
 class QuantConfig:
     "The 1.58-bit conversion: BitLinear everywhere but embeddings/lm_head, SubLN placement, lambda warmup."
-    enabled: bool = True
+    enabled: bool = True                # false: a full-precision control arm (BitLinear at lambda 0, saved so)
     placement: str = 'paper'            # paper (norm before o_proj/down_proj) | allnorm (before every BitLinear) | none
-    warmup_steps: int = 0               # lambda ramps 0 -> 1 linearly over these steps (0 = fully quantized)
+    warmup_steps: int = 0               # lambda ramps 0 -> 1 over the lineage's first N quantized steps (0 = fully quantized)
     haar: bool = False                  # Haar-wavelet activations (ablation)
     act_bits: int = 8
 
 @dataclass
 class DistillConfig:
-    "Teacher and loss weights for Stages 1.9 and 3 (and KD mid-training)."
+    "Teacher and loss weights for Stages 1.9 / 2 (`ce_weight*CE + kd_weight*KD + w*layerwise`), 3 (BitDistill) and KD mid-training."
     teacher: str = ''                   # teacher source ('' = the original FP model of the lineage)
+    ce_weight: float = 1.0              # Stages 1.9 / 2: weight of the student's cross-entropy
+    kd_weight: float = 0.0              # Stages 1.9 / 2: weight of T^2 * KL(teacher || student) (0 = no teacher)
+    kd_temperature: float = 1.0         # Stages 1.9 / 2: KD temperature
+    layerwise_weight: float = 0.0       # Stages 1.9 / 2: (initial) weight of the layer-wise hidden-state loss
+    layerwise_schedule: str = 'cosine'  # cosine (w -> 0 at max_steps) | constant
     temperature: float = 5.0            # Stage 3 logits KD temperature
     lambda_logits: float = 10.0         # Stage 3: weight of T^2 * KL
     gamma_attn: float = 1e5             # Stage 3: weight of the Q/K/V relation loss
-    attn_layer: int = -1                # layer for relation distillation (-1 = last)
+    attn_layer: float = 0.8             # Stage 3 relation layer: a depth fraction in (0, 1) (0.8 -> 24 of 30) or an index (-1 = last)
     relation_heads: int = 32
-    layerwise_weight: float = 0.5       # Stage 1.9: initial weight of the layer-wise loss (cosine -> 0)
-    layerwise_temperature: float = 2.0  # Stage 1.9: KL temperature
     kd_alpha: float = 1.0               # KD mid-training: weight of the logits KD term
 
 @dataclass
@@ -289,7 +292,7 @@ def normalize_stage(s) -> str:
 CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.dtype': ('float32','bfloat16'),
            'data.tokenize': ('upfront','on_the_fly'), 'model.rope_extension': ('ntk','linear','none'), 'training.schedule': ('cosine','linear','wsd','constant'),
            'training.optimizer': ('adamw','muon','sgd'), 'training.precision': ('fp32','bf16'),
-           'quant.placement': ('paper','allnorm','none'),
+           'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'),
            'logging.wandb_mode': ('','online','offline','disabled'),
            'distributed.scale': ('single','small','medium','large'), 'distributed.strategy': ('ddp','fsdp')}
 
@@ -309,13 +312,24 @@ def validate(cfg: WFConfig) -> WFConfig:
     if cfg.model.num_heads % cfg.model.num_kv_heads: raise ConfigError("model.num_heads must be divisible by model.num_kv_heads")
     return cfg
 
+# Per-stage defaults, applied right after `stage=` and before any other preset or override. The Stage 1.9 / 2 values
+# are the recipe measured in tests/benchmarks/bench_quality.py (see 07_stages).
+STAGE_DEFAULTS: dict[str, list[str]] = {
+    '1.9': ['training.lr=5e-4', 'training.warmup_steps=10', 'distill.kd_weight=1.0', 'distill.layerwise_weight=1.0'],
+    '2': ['training.lr=5e-4', 'training.warmup_steps=10', 'distill.kd_weight=1.0'],
+}
+
 def get_config(overrides=(), stage=None, model=None, base: WFConfig | None = None) -> WFConfig:
-    "A validated config: `base` (or defaults), then `model`/`stage`, then presets, then dotted overrides."
+    "A validated config: `base` (or defaults), then `stage` and its `STAGE_DEFAULTS`, then presets, then dotted overrides."
     cfg = copy.deepcopy(base) if base is not None else WFConfig()
     overrides = list(overrides)
     if model is not None: overrides.insert(0, f'model={model}')
     if stage is not None: overrides.insert(0, f'stage={stage}')
-    for o in sorted(overrides, key=lambda o: '.' in o.split('=', 1)[0]): apply_override(cfg, o)  # stable: presets first
+    ordered = sorted(overrides, key=lambda o: (not o.startswith('stage='), '.' in o.split('=', 1)[0]))  # stable
+    for o in ordered:
+        apply_override(cfg, o)
+        if o.startswith('stage='):
+            for d in STAGE_DEFAULTS.get(cfg.stage, ()): apply_override(cfg, d)
     return validate(cfg)
 
 # %% ../nbs/00_config.ipynb #0decee7a

@@ -14,7 +14,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, BitNetConfig, BitNet
                           LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from .config import QuantConfig, WFConfig, save_yaml
 from transformers.initialization import no_init_weights
-from .quant import BitLinear, bitlinears, set_lambda, haar_transform, format_table
+from .quant import BitLinear, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform, format_table
 
 # %% auto #0
 __all__ = ['SUBLN_ALLNORM_EPS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config', 'WFQwen3ForCausalLM', 'WFBitNetConfig',
@@ -192,6 +192,7 @@ def load(path, dtype=None) -> nn.Module:
         raise RuntimeError(f"load({path}): checkpoint does not match {type(model).__name__}: "
                            f"missing {res.missing_keys[:8]}, unexpected {res.unexpected_keys[:8]}")
     if getattr(cfg, 'tie_word_embeddings', False): model.tie_weights()
+    if getattr(cfg, 'wf_quant', None): set_lambda(model, quant_state(model)['lambda'])   # e.g. an FP control arm at 0
     return model.eval()
 
 # %% ../nbs/03_convert.ipynb #4a195b6e
@@ -256,7 +257,7 @@ def run_stage1(cfg: WFConfig, out_dir, overwrite: bool = False, n_seq: int = 8, 
     placements = tuple(dict.fromkeys(['none', cfg.quant.placement]))
     rep = conversion_report(fp, tok, quant_cfg=cfg.quant, n_seq=n_seq, seq_len=seq_len, placements=placements,
                             student=student)
-    set_lambda(student, 1.0 if cfg.quant.enabled else 0.0)
+    record_quant_state(student, 1.0 if cfg.quant.enabled else 0.0, 0)   # nothing trained quantized yet
     rep['model'] = cfg.model.name; rep['placement'] = cfg.quant.placement
     path = save_model(student, tok, out_dir, overwrite=overwrite, wf_config=cfg, report=rep)
     return dict(out_dir=str(path), report=rep, model_class=type(student).__name__)

@@ -520,17 +520,19 @@ def doc_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
 PAD = -1   # windows mark padding with -1; pack_batch turns it into EOS with labels -100 and no attention
 
 def pack_batch(windows: list[np.ndarray], eos_id: int, doc_mask: bool = False) -> dict:
-    "A batch dict (`input_ids`, `labels`, `position_ids`[, `attention_mask`]) from equal-length windows."
+    """A batch dict from equal-length windows: `input_ids`, `labels`, and either nothing more (continuous positions,
+    causal mask; a `[B, S]` `attention_mask` when padded) or, with `doc_mask`, restarted `position_ids` and a
+    block-diagonal `[B, 1, S, S]` `attention_mask`."""
     ids = torch.from_numpy(np.stack(windows).astype(np.int64))
     pad = ids < 0; padded = bool(pad.any())
     if padded: ids[pad] = eos_id
     labels = ids.clone()
-    pos = position_ids_for(ids, eos_id)
-    out = {'input_ids': ids, 'labels': labels, 'position_ids': pos}
+    out = {'input_ids': ids, 'labels': labels}
     if padded:
         labels[pad] = -100
         if not doc_mask: out['attention_mask'] = (~pad).long()
     if doc_mask:
+        pos = out['position_ids'] = position_ids_for(ids, eos_id)
         m = doc_attention_mask(pos)
         if padded: m = m & ~pad[:, None, None, :] | torch.eye(ids.shape[1], dtype=torch.bool)
         out['attention_mask'] = m

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from .config import DistillConfig
 
 # %% auto #0
-__all__ = ['IGNORE_INDEX', 'lm_loss', 'chunked_lm_loss', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at', 'stage19_loss',
-           'decoder_layers', 'attention_module', 'capture_qkv', 'attention_relation_loss', 'stage3_loss',
-           'kd_midtrain_loss']
+__all__ = ['IGNORE_INDEX', 'lm_loss', 'chunked_lm_loss', 'real_tokens', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at',
+           'pretrain_distill_loss', 'decoder_layers', 'layer_index', 'attention_module', 'capture_qkv',
+           'attention_relation_loss', 'stage3_loss', 'kd_midtrain_loss']
 
 # %% ../nbs/05_distill.ipynb #80d0419b
 IGNORE_INDEX = -100
@@ -60,9 +60,18 @@ def chunked_lm_loss(hidden, weight, labels, chunk: int = 4096, bias=None, ignore
 def _is_labels(t):
     return t is not None and not t.dtype.is_floating_point and t.dtype != torch.bool and bool(((t != 0) & (t != 1)).any())
 
+def real_tokens(batch: dict):
+    "`[B, S]` bool of the real (non-padding) tokens of a batch: its 2-D attention mask, or, next to a 4-D document mask, the tokens with a label."
+    am = batch.get('attention_mask')
+    if am is None: return None
+    if am.dim() == 2: return am.bool()
+    return batch['labels'] != IGNORE_INDEX   # pack_batch gives padding (and only padding) label -100 in LM batches
+
 def _positions(logits, mask=None, labels=None):
-    "Boolean `[B, S]` selection of logits positions from an attention `mask` or unshifted `labels`."
+    "Boolean `[B, S]` selection of logits positions from a `[B, S]` token `mask` or unshifted `labels`."
     B, S = logits.shape[:2]
+    if mask is not None and mask.dim() != 2:
+        raise ValueError(f"a {mask.dim()}-D attention mask is not a token selection; pass real_tokens(batch) (a [B, S] mask)")
     if labels is None and _is_labels(mask): mask, labels = None, mask
     if labels is not None:
         sel = torch.zeros(B, S, dtype=torch.bool, device=logits.device)
@@ -82,43 +91,45 @@ def kd_loss(student_logits, teacher_logits, mask=None, T: float = 1.0, labels=No
 
 # %% ../nbs/05_distill.ipynb #bdb9e572
 def layerwise_loss(student_hidden, teacher_hidden, mask=None, skip_first: bool = True):
-    "Depth-weighted mean of per-token normalized-MSE between student and teacher hidden states."
+    "Mean over layers and real tokens of `||normalize(h_s) - normalize(h_t)||^2` summed over the hidden dim (= 2 - 2cos)."
     hs = list(student_hidden)[1 if skip_first else 0:]
     ht = list(teacher_hidden)[1 if skip_first else 0:]
     if len(hs) != len(ht):
         raise ValueError(f"layerwise_loss: student has {len(hs)} layers, teacher {len(ht)}; Stage 1.9 pairs layers one to one")
-    L = len(hs)
     m = torch.ones(hs[0].shape[:2], dtype=torch.bool, device=hs[0].device) if mask is None else mask.bool()
     n = m.sum().clamp(min=1)
-    wsum = L * (L + 1) / 2
     total = hs[0].sum() * 0.
-    for i, (a, b) in enumerate(zip(hs, ht)):
-        d = (F.normalize(a.float(), dim=-1) - F.normalize(b.detach().float(), dim=-1)).pow(2).mean(-1)   # [B, S]
-        total = total + (i + 1) / wsum * (d * m).sum() / n
-    return total
+    for a, b in zip(hs, ht):
+        d = (F.normalize(a.float(), dim=-1) - F.normalize(b.detach().float(), dim=-1)).pow(2).sum(-1)   # [B, S]
+        total = total + (d * m).sum() / n
+    return total / len(hs)
 
 # %% ../nbs/05_distill.ipynb #5117c0ce
-def layerwise_weight_at(step: int, max_steps: int, w0: float = 0.5) -> float:
-    "Cosine decay of the Stage 1.9 layer-wise weight from `w0` (step 0) to 0 (step >= `max_steps`)."
+def layerwise_weight_at(step: int, max_steps: int, w0: float = 1.0, schedule: str = 'cosine') -> float:
+    "The layer-wise weight at `step`: `w0` throughout (`constant`), or a cosine from `w0` (step 0) to 0 (step >= `max_steps`)."
+    if schedule == 'constant': return float(w0)
+    if schedule != 'cosine': raise ValueError(f"distill.layerwise_schedule={schedule!r}: use cosine | constant")
     if max_steps <= 0: return 0.
     x = min(max(step, 0), max_steps) / max_steps
     return w0 * 0.5 * (1 + math.cos(math.pi * x))
 
-def stage19_loss(student_out, teacher_out, labels, attention_mask=None, step: int = 0, max_steps: int = 1,
-                 w0: float | None = None, T: float | None = None, cfg: DistillConfig | None = None) -> dict:
-    "Stage 1.9 loss `w*layerwise + (1-w)*(0.5*CE + 0.5*KD_T)` with every term (detached) for logging."
+def pretrain_distill_loss(student_out, teacher_out, labels, mask=None, step: int = 0, max_steps: int = 1,
+                          cfg: DistillConfig | None = None) -> dict:
+    "Stage 1.9 / 2 loss `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise`, with every term (detached) for logging."
     cfg = cfg or DistillConfig()
-    w0 = cfg.layerwise_weight if w0 is None else w0
-    T = cfg.layerwise_temperature if T is None else T
-    if student_out.hidden_states is None or teacher_out.hidden_states is None:
-        raise ValueError("stage19_loss needs hidden states: call both models with output_hidden_states=True")
-    w = layerwise_weight_at(step, max_steps, w0)
+    w = layerwise_weight_at(step, max_steps, cfg.layerwise_weight, cfg.layerwise_schedule)
     lm = lm_loss(student_out.logits, labels)
-    kl = kd_loss(student_out.logits, teacher_out.logits, attention_mask, T)
-    lw = layerwise_loss(student_out.hidden_states, teacher_out.hidden_states, attention_mask)
-    loss = w * lw + (1 - w) * (0.5 * lm['loss'] + 0.5 * kl)
-    return dict(loss=loss, layerwise=lw.detach(), ce=lm['loss'].detach(), kl=kl.detach(), w=w,
-                n_tokens=lm['n_tokens'], n_correct=lm['n_correct'])
+    loss, out = cfg.ce_weight * lm['loss'], {}
+    if cfg.kd_weight > 0:
+        if teacher_out is None: raise ValueError("distill.kd_weight > 0 needs the teacher's output")
+        kl = kd_loss(student_out.logits, teacher_out.logits, mask, cfg.kd_temperature)
+        loss = loss + cfg.kd_weight * kl; out['kl'] = kl.detach()
+    if w > 0:
+        if teacher_out is None or student_out.hidden_states is None or teacher_out.hidden_states is None:
+            raise ValueError("the layer-wise term needs hidden states: call both models with output_hidden_states=True")
+        lw = layerwise_loss(student_out.hidden_states, teacher_out.hidden_states, mask)
+        loss = loss + w * lw; out['layerwise'] = lw.detach()
+    return dict(loss=loss, ce=lm['loss'].detach(), w=w, **out, n_tokens=lm['n_tokens'], n_correct=lm['n_correct'])
 
 # %% ../nbs/05_distill.ipynb #4b6ec534
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -155,9 +166,16 @@ def decoder_layers(model):
     if layers is None: raise ValueError(f"{type(model).__name__}: no `.layers` decoder list found for Q/K/V capture")
     return layers
 
-def attention_module(model, layer: int):
-    "The self-attention module of decoder layer `layer` (negative counts from the end)."
+def layer_index(n_layers: int, layer: float) -> int:
+    "A layer index from `distill.attn_layer`: a fraction of the depth in (0, 1) (0.8 -> layer 24 of 30, 1-based), or an index (negative from the end)."
+    if 0 < layer < 1: return max(0, round(layer * n_layers) - 1)
+    if float(layer) != int(layer): raise ValueError(f"distill.attn_layer={layer}: give a fraction in (0, 1) or an integer layer index")
+    return int(layer)
+
+def attention_module(model, layer: float):
+    "The self-attention module of decoder layer `layer` (a `layer_index`: depth fraction, or index; negative counts from the end)."
     layers = decoder_layers(model)
+    layer = layer_index(len(layers), layer)
     if not -len(layers) <= layer < len(layers):
         raise IndexError(f"attention layer {layer} out of range for a {len(layers)}-layer model (distill.attn_layer)")
     att = getattr(layers[layer], 'self_attn', None)
@@ -165,7 +183,7 @@ def attention_module(model, layer: int):
     return att
 
 @contextmanager
-def capture_qkv(model, layer: int = -1):
+def capture_qkv(model, layer: float = -1):
     "Within the block, each forward of `model` stores the Q/K/V of `layer` into the yielded dict (`q`, `k`, `v`)."
     att = attention_module(model, layer)
     impl = getattr(att.config, '_attn_implementation', None) or 'eager'
@@ -180,14 +198,14 @@ def capture_qkv(model, layer: int = -1):
         _uninstall(impl)
 
 # %% ../nbs/05_distill.ipynb #9d01344a
-def _relation_logp(x, R: int, keep, scale: str | float = 'sqrt'):
+def _relation_logp(x, R: int, keep, scale: str | float = 1.0):
     "Log relation `[B, R, S, S]` of state `x` `[B, H, S, d]` with `R` relation heads; masked columns get ~0 mass."
     B, H, S, d = x.shape
     if (H * d) % R:
         raise ValueError(f"relation_heads={R} must divide heads*head_dim={H}*{d}={H*d}; set distill.relation_heads to a divisor")
     dr = H * d // R
     x = x.transpose(1, 2).reshape(B, S, R, dr).transpose(1, 2).float()
-    x = F.normalize(x, dim=-1)
+    x = F.normalize(x, dim=-1)   # temperature 1 on unit vectors (official BitDistill); 'sqrt' = MiniLMv2's 1/sqrt(d_r)
     sc = 1 / math.sqrt(dr) if scale == 'sqrt' else float(scale)
     logits = (x @ x.transpose(-1, -2)) * sc
     logits = logits.masked_fill(~keep[:, None, None, :], torch.finfo(logits.dtype).min)
@@ -195,8 +213,8 @@ def _relation_logp(x, R: int, keep, scale: str | float = 'sqrt'):
 
 def _states(qkv): return [qkv[k] for k in ('q', 'k', 'v')] if isinstance(qkv, dict) else list(qkv)
 
-def attention_relation_loss(s_qkv, t_qkv, mask=None, relation_heads: int = 32, scale: str | float = 'sqrt'):
-    "MiniLMv2 relation KL(teacher||student) averaged over Q, K, V and divided by `relation_heads`."
+def attention_relation_loss(s_qkv, t_qkv, mask=None, relation_heads: int = 32, scale: str | float = 1.0):
+    "MiniLMv2 relation KL(teacher||student), batchmean over query rows, summed over Q, K, V and divided by `relation_heads`."
     s_states, t_states = _states(s_qkv), _states(t_qkv)
     B, _, S, _ = s_states[0].shape
     keep = torch.ones(B, S, dtype=torch.bool, device=s_states[0].device) if mask is None else mask.bool()
@@ -209,7 +227,7 @@ def attention_relation_loss(s_qkv, t_qkv, mask=None, relation_heads: int = 32, s
             lt = _relation_logp(xt.detach(), R, keep, scale)
             kl = (lt.exp() * (lt - ls)).masked_fill(~keep[:, None, None, :], 0.).sum(-1)   # [B, R, S]
             total = total + (kl * keep[:, None, :]).sum() / n_rows.clamp(min=1)
-    return total / len(s_states) / R
+    return total / R
 
 # %% ../nbs/05_distill.ipynb #4f3b3d81
 def stage3_loss(student_logits, teacher_logits, labels, attention_mask=None, s_qkv=None, t_qkv=None,

@@ -96,7 +96,7 @@ def perplexity(model, data, tokenizer=None, seq_len: int = 512, stride: int | No
             for i, (d, b, e, f) in enumerate(chunk):
                 ids[i, :e - b] = torch.from_numpy(d[b:e]); am[i, :e - b] = 1
                 tgt[i, f - b:e - b] = torch.from_numpy(d[f:e])
-            logits = model(input_ids=ids.to(dev), attention_mask=am.to(dev)).logits[:, :-1]
+            logits = model(input_ids=ids.to(dev), attention_mask=am.to(dev), use_cache=False).logits[:, :-1]
             t = tgt[:, 1:].to(dev); keep = t != -100
             rows, tt = logits[keep], t[keep]
             for r_, t_ in zip(rows.split(256), tt.split(256)):   # float64 log-softmax, 256 rows at a time

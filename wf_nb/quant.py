@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'weight_quant_compiled', 'ste_quant', 'lambda_at',
-           'haar_width', 'haar_transform', 'RMSNorm', 'BitLinear', 'bitlinears', 'set_lambda', 'pack_ternary',
-           'unpack_ternary', 'quant_error_stats', 'format_table']
+           'haar_width', 'haar_transform', 'RMSNorm', 'BitLinear', 'bitlinears', 'set_lambda', 'quant_state',
+           'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats', 'format_table']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +82,7 @@ def ste_quant(x: torch.Tensor, fn, lam: float = 1.0) -> torch.Tensor:
 
 # %% ../nbs/01_quant.ipynb #7224fb94
 def lambda_at(step: int, warmup_steps: int) -> float:
-    "Quantization strength at global `step`: linear 0 -> 1 over `warmup_steps` (1.0 when `warmup_steps <= 0`)."
+    "Quantization strength at the lineage's quantized `step`: linear 0 -> 1 over `warmup_steps` (1.0 when `warmup_steps <= 0`)."
     if warmup_steps <= 0: return 1.0
     return float(min(max(step, 0) / warmup_steps, 1.0))
 
@@ -175,6 +175,19 @@ def set_lambda(model: nn.Module, lam: float) -> int:
     layers = [m for _, m in bitlinears(model)] + [m for m in model.modules() if getattr(m, 'wf_ternary', False)]
     for m in layers: m.lam = float(lam)
     return len(layers)
+
+# %% ../nbs/01_quant.ipynb #4308a05a
+def quant_state(model: nn.Module) -> dict:
+    "The model's quantization record `{'lambda', 'steps'}` (`config.wf_quant`); without one, its layers' lambda and 0 steps."
+    rec = dict(getattr(getattr(model, 'config', None), 'wf_quant', None) or {})
+    layers = [m for _, m in bitlinears(model)] + [m for m in model.modules() if getattr(m, 'wf_ternary', False)]
+    lam = rec.get('lambda', layers[0].lam if layers else 1.0)
+    return {'lambda': float(lam), 'steps': int(rec.get('steps', 0))}
+
+def record_quant_state(model: nn.Module, lam: float, steps: int):
+    "Set the model's lambda and write its record into `model.config.wf_quant` (saved with the config)."
+    set_lambda(model, lam)
+    if getattr(model, 'config', None) is not None: model.config.wf_quant = {'lambda': float(lam), 'steps': int(steps)}
 
 # %% ../nbs/01_quant.ipynb #b43f0c77
 def pack_ternary(q: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ from .train import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp
 from .quant import bitlinears
 
 # %% auto #0
-__all__ = ['PARENTS', 'lineage_key', 'find_parent', 'stage19_step', 'stage3_step', 'kd_step', 'run_stage', 'smoke']
+__all__ = ['PARENTS', 'PIPELINE_SPLIT', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage',
+           'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #d7ad1eeb
 PARENTS = {'1.9': ('1',), '2': ('1.9', '1'), '3': ('2', '1.9', '1')}
@@ -32,42 +33,46 @@ def find_parent(cfg: WFConfig, runs_dir=None) -> Run | None:
 def _output(run: Run) -> Path: return Path(run.meta().get('output') or run.output)
 
 # %% ../nbs/07_stages.ipynb #053f33ca
-def _fwd_kw(batch): return {k: batch[k] for k in ('attention_mask', 'position_ids') if k in batch}
+def _fwd_kw(batch):
+    "Forward kwargs of a batch: its masks/positions, and no KV cache (a cache-creating forward ignores packed positions)."
+    return {**{k: batch[k] for k in ('attention_mask', 'position_ids') if k in batch}, 'use_cache': False}
 
 def _unwrap(model):
     from accelerate.utils import extract_model_from_parallel
     return extract_model_from_parallel(model)
 
-def stage19_step(teacher):
-    "Stage 1.9: layer-wise hidden-state distillation mixed with CE and KL (`wf_nb.distill.stage19_loss`)."
-    from wf_nb.distill import stage19_loss
+def distill_step(teacher):
+    "Stages 1.9 and 2: `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise` towards the frozen FP teacher."
+    from wf_nb.distill import pretrain_distill_loss, layerwise_weight_at, real_tokens
     def step(model, batch, ctx: StepContext):
         if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
-        with torch.no_grad(): t = teacher(input_ids=batch['input_ids'], output_hidden_states=True, **_fwd_kw(batch))
-        s = model(input_ids=batch['input_ids'], output_hidden_states=True, **_fwd_kw(batch))
-        return stage19_loss(s, t, batch['labels'], batch.get('attention_mask'), step=ctx.step, max_steps=ctx.max_steps, cfg=ctx.cfg.distill)
+        d = ctx.cfg.distill
+        hidden = layerwise_weight_at(ctx.step, ctx.max_steps, d.layerwise_weight, d.layerwise_schedule) > 0
+        with torch.no_grad(): t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
+        s = model(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
+        return pretrain_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d)
     return step
 
 def stage3_step(teacher):
     "Stage 3 (BitDistill): CE + logits KD + MiniLMv2 Q/K/V relation distillation at `distill.attn_layer`."
-    from wf_nb.distill import stage3_loss, capture_qkv
+    from wf_nb.distill import stage3_loss, capture_qkv, real_tokens
     def step(model, batch, ctx: StepContext):
         if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
         layer, gamma = ctx.cfg.distill.attn_layer, ctx.cfg.distill.gamma_attn
         with torch.no_grad(), capture_qkv(teacher, layer) as tq: t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
         with capture_qkv(_unwrap(model), layer) as sq: s = model(input_ids=batch['input_ids'], **_fwd_kw(batch))
-        return stage3_loss(s.logits, t.logits, batch['labels'], batch.get('attention_mask'),
+        return stage3_loss(s.logits, t.logits, batch['labels'], real_tokens(batch),
                            sq if gamma else None, tq if gamma else None, cfg=ctx.cfg.distill)
     return step
 
 def kd_step(teacher):
     "KD mid-training (MobileLLM-R1): pure logits KD, with teacher agreement and student accuracy."
-    from wf_nb.distill import kd_midtrain_loss
+    from wf_nb.distill import kd_midtrain_loss, real_tokens
     def step(model, batch, ctx: StepContext):
         if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
         with torch.no_grad(): t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
         s = model(input_ids=batch['input_ids'], **_fwd_kw(batch))
-        return kd_midtrain_loss(s.logits, t.logits, batch['labels'], batch.get('attention_mask'), cfg=ctx.cfg.distill)
+        return kd_midtrain_loss(s.logits, t.logits, batch['labels'], real_tokens(batch), cfg=ctx.cfg.distill)
     return step
 
 # %% ../nbs/07_stages.ipynb #f5792f1f
@@ -172,7 +177,9 @@ def _run(cfg, run, acc, parent_path, out_dir, log):
     teacher, step_fn = None, lm_step
     if cfg.stage in ('1.9', '2', '3'):
         model = load(parent_path)
-        if cfg.stage == '1.9': teacher = _teacher(cfg); step_fn = stage19_step(teacher)
+        d = cfg.distill
+        if cfg.stage in ('1.9', '2') and (d.kd_weight > 0 or d.layerwise_weight > 0):   # the FP teacher is needed
+            teacher = _teacher(cfg, d.teacher or None); step_fn = distill_step(teacher)
         if cfg.stage == '3':
             src = cfg.distill.teacher or _sft_teacher(cfg, run.dir.parent)
             teacher = _teacher(cfg, src); step_fn = stage3_step(teacher)
@@ -224,6 +231,37 @@ def _sft_teacher(cfg, runs_dir) -> Path:
                                 f"{cfg.model.name} on task {cfg.data.task!r} exists. Run `wf train -m {cfg.model.name} -s sft "
                                 f"data.task={cfg.data.task}` first, or pass distill.teacher=DIR.")
     return _output(runs[0])
+
+# %% ../nbs/07_stages.ipynb #614b6263
+PIPELINE_SPLIT = 0.5   # Stage 1.9's share of the pipeline's student tokens (tests/benchmarks/bench_quality.py)
+
+def _completed_output(cfg, runs_dir) -> Path | None:
+    "The output of the COMPLETED run with `cfg`'s fingerprint, if there is one."
+    from wf_nb.config import fingerprint, git_info
+    from wf_nb.runs import run_id_for
+    run = Run(Path(runs_dir or default_runs_dir())/run_id_for(cfg, fingerprint(cfg, git_info()['commit'])))
+    return _output(run) if run.dir.exists() and run.status == 'COMPLETED' else None
+
+def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
+                 runs_dir=None, out=None, log=print) -> dict:
+    "Stage 1 -> 1.9 -> 2 of one lineage, `tokens` student tokens split `split : 1 - split` between Stages 1.9 and 2."
+    split = PIPELINE_SPLIT if split is None else float(split)
+    if not 0 <= split < 1: raise ValueError(f"pipeline split {split} must be in [0, 1) (Stage 1.9's share of the tokens)")
+    n19 = int(round(tokens * split))
+    plan = ([('1.9', n19)] if n19 else []) + [('2', tokens - n19)]
+    results, parent = {}, None
+    for stage, n in plan:
+        ov = list(overrides) + [f'training.total_tokens={n}'] + ([f'training.checkpoint_path={parent}'] if parent else [])
+        cfg = get_config(ov, stage=stage, model=model)
+        done = _completed_output(cfg, runs_dir)
+        if done is not None:
+            log(f"pipeline: stage {stage} already completed ({done})"); results[stage] = {'status': 'COMPLETED', 'output': str(done)}
+        else:
+            log(f"pipeline: stage {stage}, {n:,} student tokens")
+            results[stage] = run_stage(cfg, runs_dir, out=out if stage == '2' else None, log=log)
+            if results[stage]['status'] != 'COMPLETED': return {'status': results[stage]['status'], 'stages': results}
+        parent = results[stage]['output']
+    return {'status': 'COMPLETED', 'output': parent, 'stages': results}
 
 # %% ../nbs/07_stages.ipynb #3d15b830
 def _metric_rows(run_dir):

@@ -102,18 +102,16 @@ def collate(examples: list[dict], pad_token_id: int, max_len: int | None = None)
     return dict(input_ids=ids, labels=lab, attention_mask=am)
 
 def pack(examples: list[dict], seq_len: int, pad_token_id: int) -> list[dict]:
-    "Rows of `seq_len` tokens (`input_ids`, `labels`, `position_ids`, `attention_mask` lists) packing `examples`."
-    ids, lab, pos = [], [], []
+    "Rows of `seq_len` tokens (`input_ids`, `labels`, `attention_mask` lists) packing `examples`."
+    ids, lab = [], []
     for e in examples:
-        n = len(e['input_ids'])
-        ids += e['input_ids']; lab += [-100] + list(e['labels'][1:]); pos += list(range(n))
+        ids += e['input_ids']; lab += [-100] + list(e['labels'][1:])
     rows = []
     for s in range(0, len(ids), seq_len):
-        r = dict(input_ids=ids[s:s + seq_len], labels=lab[s:s + seq_len], position_ids=pos[s:s + seq_len])
+        r = dict(input_ids=ids[s:s + seq_len], labels=lab[s:s + seq_len])
         k = seq_len - len(r['input_ids'])
         r['attention_mask'] = [1] * len(r['input_ids']) + [0] * k
         r['input_ids'] += [pad_token_id] * k; r['labels'] += [-100] * k
-        r['position_ids'] += list(range(len(r['position_ids']), seq_len))
         rows.append(r)
     return rows
 

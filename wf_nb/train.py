@@ -269,7 +269,7 @@ class hidden_states_as_logits:
 def lm_step(model, batch, ctx: StepContext) -> dict:
     "Next-token cross-entropy with token accuracy (per-row sums with `source_ids`; chunked with `training.loss_chunk`)."
     from wf_nb.distill import lm_loss, chunked_lm_loss
-    kw = {k: batch[k] for k in ('attention_mask', 'position_ids') if k in batch}
+    kw = {**{k: batch[k] for k in ('attention_mask', 'position_ids') if k in batch}, 'use_cache': False}   # no cache: see wf_nb.data packing
     chunk = ctx.cfg.training.loss_chunk if ctx.cfg is not None else 0
     if chunk:   # long context x big vocabulary: never hold all the logits (wf_nb.distill.chunked_lm_loss)
         with hidden_states_as_logits(model) as head: out = model(input_ids=batch['input_ids'], **kw)
@@ -348,6 +348,13 @@ class Trainer:
             self.optimizer = build_optimizer(model, self.t)
             self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
         self.base_lrs = [g['lr'] for g in self.optimizer.param_groups]
+        from wf_nb.quant import quant_state, bitlinears
+        self.quant_steps0 = quant_state(self.acc.unwrap_model(self.model))['steps']   # quantized steps of the lineage so far
+        self.last_lambda = None
+        q = cfg.quant
+        if q.enabled and q.warmup_steps and self.quant_steps0 + self.max_steps < q.warmup_steps and bitlinears(self.acc.unwrap_model(self.model)):
+            log(f"warning: quant.warmup_steps={q.warmup_steps} does not finish in this run (lineage step {self.quant_steps0} + "
+                f"{self.max_steps} steps): the model is saved at lambda {(self.quant_steps0 + self.max_steps - 1) / q.warmup_steps:.2f}, not ternary")
         self.lr_at = schedule_for(self.t, self.max_steps)
         self.step, self.tokens_seen, self.lr_scale, self.rollbacks = 0, 0, 1.0, 0
         self.loss_ema, self.best_val, self.cost = None, float('inf'), 0.0
@@ -456,10 +463,18 @@ class Trainer:
         return self.base_lrs[0] * f
 
     def _set_lambda(self):
-        "Quantization strength for this step; None for models without BitLinear layers (nothing to log)."
+        "Quantization strength for this step (0 for a `quant.enabled=false` control arm); None without BitLinear layers."
         from wf_nb.quant import set_lambda, lambda_at
-        lam = lambda_at(self.step, self.cfg.quant.warmup_steps)
+        q = self.cfg.quant
+        lam = lambda_at(self.quant_steps0 + self.step, q.warmup_steps) if q.enabled else 0.0   # lineage-wide warm-up
         return lam if set_lambda(self.model, lam) else None
+
+    def _record_quant(self):
+        "Write the lambda the model was last trained at, and the lineage's quantized steps, into its config (saved with it)."
+        from wf_nb.quant import record_quant_state
+        if self.last_lambda is None: return
+        steps = self.quant_steps0 + (self.step if self.cfg.quant.enabled else 0)
+        record_quant_state(self.acc.unwrap_model(self.model), self.last_lambda, steps)
 
     def train_step(self) -> dict:
         model, acc = self.model, self.acc
@@ -468,6 +483,7 @@ class Trainer:
         if L != self._flops_len: self.flops_per_token, self._flops_len = train_flops_per_token(acc.unwrap_model(model), L), L
         model.train()
         lr, lam = self._set_lr(), self._set_lambda()
+        self.last_lambda = lam
         micro = [next(self.data) for _ in range(self.t.grad_accum)]
         micro = [{k: v.to(acc.device) if torch.is_tensor(v) else v for k, v in b.items()} for b in micro]
         n_local = sum(count_tokens(b) for b in micro)
@@ -492,8 +508,10 @@ class Trainer:
                 if k == 'loss': continue
                 v = float(v.detach()) if torch.is_tensor(v) else v
                 if isinstance(v, (int, float)): sums[k] = sums.get(k, 0.0) + (v if k in ('n_tokens', 'n_correct') else v * w)
-        if acc.num_processes > 1:
-            loss_sum = float(acc.reduce(torch.tensor(loss_sum, device=acc.device), 'sum'))
+        if acc.num_processes > 1:   # every logged term is a token-weighted share of the global mean: sum over ranks
+            keys = sorted(sums)
+            t = acc.reduce(torch.tensor([loss_sum] + [float(sums[k]) for k in keys], dtype=torch.float64, device=acc.device), 'sum').tolist()
+            loss_sum, sums = t[0], dict(zip(keys, t[1:]))
         clip = self.t.grad_clip if self.t.grad_clip > 0 else float('inf')
         gnorm = acc.clip_grad_norm_(model.parameters(), clip)
         gnorm = float(gnorm.full_tensor() if hasattr(gnorm, 'full_tensor') else gnorm)   # FSDP2: a DTensor
@@ -503,10 +521,11 @@ class Trainer:
         if not math.isfinite(loss): return True
         return bool(self.t.spike_factor and self.loss_ema is not None and self.step >= 10 and loss > self.t.spike_factor * self.loss_ema)
 
-    def _rollback(self, loss):
+    def _rollback(self, loss, grad_norm=0.0):
         self.rollbacks += 1
+        what = f"loss {loss:.4g}" if math.isfinite(grad_norm) else f"non-finite gradient norm ({grad_norm}, loss {loss:.4g})"
         if self.rollbacks > self.t.max_rollbacks:
-            raise TrainingDiverged(f"loss {loss} at step {self.step} after {self.t.max_rollbacks} rollbacks; "
+            raise TrainingDiverged(f"{what} at step {self.step} after {self.t.max_rollbacks} rollbacks; "
                                    f"lower training.lr or raise training.spike_factor")
         ckpt = latest_checkpoint(self.run_dir, log=self.log)
         self.optimizer.zero_grad(set_to_none=True)
@@ -514,8 +533,8 @@ class Trainer:
         if ckpt is not None:
             self.load_state(load_checkpoint(ckpt, self.acc.unwrap_model(self.model), self._opt()), data=False)  # skip the bad data
         self.rollbacks, self.lr_scale = rollbacks, scale
-        self.log(f"loss {loss:.4g} at step {bad_step}: rolled back to step {self.step}, lr x{self.lr_scale:g} (rollback {self.rollbacks}/{self.t.max_rollbacks})")
-        self._emit({'step': self.step, 'event': 'rollback', 'bad_step': bad_step, 'bad_loss': loss if math.isfinite(loss) else str(loss),
+        self.log(f"{what} at step {bad_step}: rolled back to step {self.step}, lr x{self.lr_scale:g} (rollback {self.rollbacks}/{self.t.max_rollbacks})")
+        self._emit({'step': self.step, 'event': 'rollback', 'bad_step': bad_step, 'bad_loss': loss if math.isfinite(loss) else str(loss), 'bad_grad_norm': grad_norm if math.isfinite(grad_norm) else str(grad_norm),
                     'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks})
 
     # ----- validation -----
@@ -555,8 +574,8 @@ class Trainer:
                 while self.step < self.max_steps:
                     t0 = time.perf_counter()
                     m = self.train_step()
-                    if self._is_spike(m['loss']):
-                        self._rollback(m['loss']); bar.n = self.step; bar.refresh(); continue
+                    if self._is_spike(m['loss']) or not math.isfinite(m['grad_norm']):   # never step on a non-finite gradient
+                        self._rollback(m['loss'], m['grad_norm']); bar.n = self.step; bar.refresh(); continue
                     self.optimizer.step(); self.optimizer.zero_grad(set_to_none=True)
                     self.step += 1
                     tokens = m['n_global']; self.tokens_seen += tokens; window['tokens'] += tokens
@@ -565,7 +584,7 @@ class Trainer:
                     self.loss_ema = m['loss'] if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * m['loss']
                     self.cost = self.t.cost_per_hour * self.acc.num_processes * self.elapsed / 3600
                     first_loss = m['loss'] if first_loss is None else first_loss; last_loss = m['loss']
-                    bar.update(1); bar.set_postfix(loss=f"{m['loss']:.3f}", refresh=False)
+                    bar.update(1); bar.set_postfix(**{'ce' if 'ce' in m else 'loss': f"{m.get('ce', m['loss']):.3f}"}, refresh=False)   # the student's own CE
                     if self.step % interval == 0 or self.step == self.max_steps:
                         self._emit(self._record(m, window)); window = {'t': time.perf_counter(), 'tokens': 0}
                     do_eval = self.t.eval_interval and self.step % self.t.eval_interval == 0
@@ -582,6 +601,7 @@ class Trainer:
                         status = 'INTERRUPTED'; self.log(f"budget {self.t.budget} reached (cost {self.cost:.4f}) at step {self.step}"); break
         finally:
             bar.close()
+            self._record_quant()
             if self._wandb is not None: self._wandb.finish()
         return {'status': status, 'step': self.step, 'start_step': start_step, 'first_loss': first_loss, 'last_loss': last_loss,
                 'tokens_seen': self.tokens_seen, 'rollbacks': self.rollbacks, 'best_val': self.best_val if math.isfinite(self.best_val) else None}
