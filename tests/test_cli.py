@@ -137,3 +137,14 @@ def test_export_generate_eval(wf, tmp_path):
     ppl = res['perplexity']['perplexity']
     assert ppl > 1 and ppl == ppl and ppl != float('inf') and res['perplexity']['n_tokens'] > 100, res
     assert res['mc']['n'] == 1 and res['mc']['acc'] in (0.0, 1.0), res
+
+def test_pipeline_runs_stages_on_one_budget(wf, tmp_path):
+    args = ['pipeline', *TINY, '--tokens', '256', '--split', '0.5']   # 64 tokens a step: 2 steps of 1.9, 2 of 2
+    r = wf(*args, env=ENV)
+    assert 'wf pipeline: COMPLETED' in r.stdout
+    runs = tmp_path / 'runs'
+    s19, s2 = only_run(runs, '1.9'), only_run(runs, '2')
+    assert len([m for m in metrics(s19) if 'loss' in m]) == 2 and len([m for m in metrics(s2) if 'loss' in m]) == 2
+    assert json.loads((s2 / 'metadata.json').read_text())['lineage']['parent_output'] == str(s19 / 'final')
+    again = wf(*args, env=ENV)                                    # nothing retrained
+    assert again.stderr.count('already completed') + again.stdout.count('already completed') == 2

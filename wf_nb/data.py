@@ -884,7 +884,7 @@ def mixture_components(data_cfg) -> list[tuple[str, str, float]]:
 
 def get_data(cfg: WFConfig, tokenizer, split: str = 'train', rank: int = 0, world_size: int = 1, verbose: bool = True):
     """Batches for `cfg`: an infinite, exactly resumable `TokenStream` for `split='train'`, a finite `ValBatches`
-    for `split='val'`. Batches: `input_ids`, `labels` (unshifted), `position_ids` [, `attention_mask`]."""
+    for `split='val'`. Batches: `input_ids`, `labels` (unshifted) [, `attention_mask`; `position_ids` with `data.doc_mask`]."""
     d, t = cfg.data, cfg.training
     if split in ('validation', 'eval'): split = 'val'
     if split not in ('train', 'val'): raise ValueError(f"split must be 'train' or 'val', not {split!r}")

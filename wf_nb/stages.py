@@ -293,7 +293,8 @@ def smoke(runs_dir=None, steps=8, overrides=(), model='smollm2_135m', log=print)
     if report: lines.append(f"  report       {json.dumps(report.get('summary', report))[:300]}")
     lines += [f"  stage 1.9    run {res['run_id']}: {len(rows)} steps, student CE {first:.3f} -> {last:.3f} "
               f"(mean first half {mean(head):.3f}, second half {mean(tail):.3f}); "
-              f"KL {rows[0]['kl']:.3f} -> {rows[-1]['kl']:.3f}; layer-wise {rows[0]['layerwise']:.4f} -> {rows[-1]['layerwise']:.4f}",
+              + '; '.join(f"{name} {rows[0][k]:.3f} -> {rows[-1][k]:.3f}" for k, name in (('kl', 'KL'), ('layerwise', 'layer-wise'))
+                          if k in rows[0] and k in rows[-1]),
               f"  tokens/s     {sum(r['tokens_per_s'] for r in rows) / len(rows):.0f} (mean of logged steps)",
               f"  checkpoints  {', '.join(ckpts)}", f"  metrics      {run.metrics_path}",
               f"  output       {res['output']}", f"  W&B          {', '.join(wandb_dirs) or 'disabled (WANDB_MODE)'}"]
