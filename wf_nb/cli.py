@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_cli.ipynb #51251f96
 from __future__ import annotations
-import argparse, json, os, sys
+import argparse, json, os, shutil, sys
 from pathlib import Path
 from .config import get_config, to_yaml, fingerprint, ConfigError, git_info
 
@@ -140,17 +140,21 @@ def _split_overrides(args, rest, parser):
 def _os_error(e: OSError, cmd) -> str:
     import errno
     where = f" ({e.filename})" if getattr(e, 'filename', None) else ''
-    if e.errno == errno.ENOSPC:
+    if e.errno == errno.ENOSPC or (e.errno is None and ' requested and ' in str(e) and 'written' in str(e)):   # numpy's short write
         return (f"no space left on device{where}. Free space (or use another --runs-dir / --out) and rerun the same "
                 f"command: finished checkpoints and outputs are kept, and a training run resumes from its last checkpoint")
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return f"cannot write{where}: {e.strerror}. Use a writable folder (--runs-dir, --out, --output-path or $WF_RUNS_DIR)"
     return f"{e.strerror or e}{where}"
 
-def _disk_full(e) -> bool:
+def _disk_full(e, where='.') -> bool:
     "torch.save and safetensors report a full disk as RuntimeError / SafetensorError, not OSError."
     s = str(e)
-    return 'No space left on device' in s or 'StorageFull' in s or 'file write failed' in s
+    if 'No space left on device' in s or 'StorageFull' in s or 'file write failed' in s: return True
+    if 'inline_container' in s:   # torch's zip writer cut short: check the disk itself
+        try: return shutil.disk_usage(where).free < (64 << 20)
+        except OSError: return False
+    return False
 
 def main(argv=None) -> int:
     "Entry point of the `wf` console script; returns the exit code (`EXIT_CODES`)."
@@ -186,7 +190,7 @@ def main(argv=None) -> int:
         if isinstance(e, RunExistsError): return fail(e, 1)
         if isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)):
             return fail(_os_error(e, cmd), 4)
-        if _disk_full(e): return fail(_os_error(OSError(28, 'No space left on device'), cmd) + f" [{str(e).splitlines()[0][:160]}]", 4)
+        if _disk_full(e, getattr(args, 'runs_dir', None) or os.environ.get('WF_RUNS_DIR', 'runs')): return fail(_os_error(OSError(28, 'No space left on device'), cmd) + f" [{str(e).splitlines()[0][:160]}]", 4)
         if isinstance(e, KeyError) and e.args: return fail(e.args[0], 2)
         if isinstance(e, (ConfigError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)):
             return fail(e, 2)
@@ -268,6 +272,8 @@ def _dispatch(a):
         from wf_nb import data as D
         if a.data_cmd == 'validate':
             rep = D.data_validate(a.data_path, vocab_size=a.vocab_size, seq_len=a.seq_len, checksums=not a.no_checksums)
+            if not rep.get('ok', True):
+                print(f"wf data validate: error: {len(rep.get('errors', []))} problem(s) in {a.data_path} (listed above)", file=sys.stderr)
             return 0 if rep.get('ok', True) else 1
         if a.data_cmd == 'split': D.data_split(a.data_path, a.output_path, val_ratio=a.val_ratio, seed=a.seed); return 0
         if a.data_cmd == 'tokenize':
