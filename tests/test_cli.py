@@ -87,7 +87,7 @@ def test_sigint_saves_and_stops(wf, tmp_path):
     d = _wait_for_step(tmp_path / 'runs', '2', 3, p)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err
+    assert p.returncode == 130, err                               # interrupted: a distinct exit code
     meta = json.loads((d / 'metadata.json').read_text())
     assert meta['status'] == 'INTERRUPTED', meta
     ck = sorted((d / 'checkpoints').glob('step_*'))

@@ -4,16 +4,38 @@
 
 # %% ../nbs/11_cli.ipynb #51251f96
 from __future__ import annotations
-import argparse, json, os, sys
+import argparse, json, os, shutil, sys
 from pathlib import Path
 from .config import get_config, to_yaml, fingerprint, ConfigError, git_info
 
 # %% auto #0
-__all__ = ['resolve_checkpoint', 'main']
+__all__ = ['EXIT_CODES', 'resolve_checkpoint', 'main']
 
 # %% ../nbs/11_cli.ipynb #924351a2
+class _Parser(argparse.ArgumentParser):
+    "argparse, with mistakes reported on one line: `wf CMD: error: ... (see wf CMD --help)`, exit 2."
+    def error(self, message):
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr); sys.exit(2)
+
+def _positive_int(s):
+    try: v = int(s)
+    except ValueError: raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
+    if v < 1: raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+def _subparser(p, args):
+    "The (sub)parser that parsed `args`, for its error messages."
+    for act in p._subparsers._group_actions if p._subparsers else []:
+        sp = act.choices.get(getattr(args, 'cmd', None))
+        if sp is not None and getattr(args, 'data_cmd', None) and sp._subparsers:
+            return sp._subparsers._group_actions[0].choices.get(args.data_cmd, sp)
+        if sp is not None: return sp
+    return p
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog='wf', description='wf_nb: train 1.58-bit and small efficient LLMs')
+    codes = '\n'.join(f"  {k:>3}  {v}" for k, v in EXIT_CODES.items())
+    p = _Parser(prog='wf', description='wf_nb: train 1.58-bit and small efficient LLMs', formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog=f"exit codes:\n{codes}\n\n--debug (or WF_NB_DEBUG=1) shows the traceback of an error.")
     sub = p.add_subparsers(dest='cmd', required=True)
 
     def run_opts(sp):
@@ -40,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser('smoke', help='offline end-to-end check: real SmolLM2 + Shakespeare, stage 1 -> 1.9')
     s.add_argument('--runs-dir', default=None)
-    s.add_argument('--steps', type=int, default=8)
+    s.add_argument('--steps', type=_positive_int, default=8)
     s.add_argument('overrides', nargs='*')
 
     sub.add_parser('runs', help='list runs').add_argument('--runs-dir', default=None)
@@ -54,13 +76,17 @@ def _parser() -> argparse.ArgumentParser:
     tk.add_argument('--source', required=True, help='preset (shakespeare, stdlib) or path')
     tk.add_argument('--output-path', required=True); tk.add_argument('-m', '--model', default='smollm2_135m', help='tokenizer of this model preset')
     tk.add_argument('--num-proc', type=int, default=1); tk.add_argument('--text-field', default='text')
-    tk.add_argument('--shard-tokens', type=int, default=50_000_000); tk.add_argument('--overwrite', action='store_true')
+    tk.add_argument('--shard-tokens', type=_positive_int, default=50_000_000)
+    tk.add_argument('--overwrite', action='store_true', help='replace OUTPUT_PATH if it holds wf_nb token shards (a wf_nb manifest.json); '
+                    'a folder with other files, or one that is, contains or lies inside the source, is never replaced')
+    tk.add_argument('--encoding', default='utf-8', help='encoding of the text files (e.g. latin-1); bytes that do not decode are an error')
+    tk.add_argument('--decode-errors', default='strict', choices=['strict', 'replace', 'ignore'], help='replace/ignore: accept undecodable bytes knowingly')
     v = dsub.add_parser('validate', help='check a pretokenized dataset'); v.add_argument('--data-path', required=True)
     v.add_argument('--vocab-size', type=int); v.add_argument('--seq-len', type=int)
     v.add_argument('--no-checksums', action='store_true', help='skip SHA-256 verification (faster on huge data)')
     sp = dsub.add_parser('split', help='split into train/val without copying')
     sp.add_argument('--data-path', required=True); sp.add_argument('--output-path', required=True)
-    sp.add_argument('--val-ratio', type=float, default=0.01); sp.add_argument('--seed', type=int, default=42)
+    sp.add_argument('--val-ratio', type=float, default=0.01, help='share of files held out for validation, in [0, 1)'); sp.add_argument('--seed', type=int, default=42)
 
     e = sub.add_parser('eval', help='perplexity / multiple choice / task accuracy')
     e.add_argument('src', help='run id, run dir or checkpoint dir'); e.add_argument('--data'); e.add_argument('--mc')
@@ -92,24 +118,122 @@ def resolve_checkpoint(ref: str, runs_dir=None) -> Path:
     return out
 
 # %% ../nbs/11_cli.ipynb #8a310bd1
+EXIT_CODES = {0: 'COMPLETED, or nothing to do (the run was already COMPLETED)',
+              1: 'the run FAILED, `wf data validate` found problems, or another process holds the run',
+              2: 'bad input: usage, config, data or path (the message says what to change)',
+              3: 'stopped by its budget (INTERRUPTED; the same command resumes it)',
+              4: 'the machine: no space left on device, read-only or permission denied',
+              130: 'interrupted by SIGINT / Ctrl-C / `wf cancel` (INTERRUPTED; the same command resumes it)',
+              143: 'interrupted by SIGTERM (INTERRUPTED; the same command resumes it)'}
+
+class _Terminated(KeyboardInterrupt):
+    "SIGTERM outside the training loop: unwinds like Ctrl-C (the run is marked INTERRUPTED), exit 143."
+
+def _on_sigterm(signum, frame): raise _Terminated()
+
+def _split_overrides(args, rest, parser):
+    "Overrides may follow options (`--skip-recovery data.seq_len=32`): argparse leaves them over; anything else is an error."
+    bad = [r for r in rest if r.startswith('-') or '=' not in r or not hasattr(args, 'overrides')]
+    if bad: parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = list(getattr(args, 'overrides', None) or []) + rest
+
+def _os_error(e: OSError, cmd) -> str:
+    import errno
+    where = f" ({e.filename})" if getattr(e, 'filename', None) else ''
+    if e.errno == errno.ENOSPC or (e.errno is None and ' requested and ' in str(e) and 'written' in str(e)):   # numpy's short write
+        return (f"no space left on device{where}. Free space (or use another --runs-dir / --out) and rerun the same "
+                f"command: finished checkpoints and outputs are kept, and a training run resumes from its last checkpoint")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write{where}: {e.strerror}. Use a writable folder (--runs-dir, --out, --output-path or $WF_RUNS_DIR)"
+    return f"{e.strerror or e}{where}"
+
+def _disk_full(e, where='.') -> bool:
+    "torch.save and safetensors report a full disk as RuntimeError / SafetensorError, not OSError."
+    s = str(e)
+    if 'No space left on device' in s or 'StorageFull' in s or 'file write failed' in s: return True
+    if 'inline_container' in s:   # torch's zip writer cut short: check the disk itself
+        try: return shutil.disk_usage(where).free < (64 << 20)
+        except OSError: return False
+    return False
+
 def main(argv=None) -> int:
-    "Entry point of the `wf` console script; returns the exit code."
+    "Entry point of the `wf` console script; returns the exit code (`EXIT_CODES`)."
+    import signal
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = '--debug' in argv or os.environ.get('WF_NB_DEBUG', '') not in ('', '0')
+    argv = [a for a in argv if a != '--debug']
     os.environ.setdefault('HF_HUB_DISABLE_PROGRESS_BARS', '1')   # transformers' per-load bars drown the run's own output
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest: _split_overrides(args, rest, _subparser(parser, args))
     args.argv = argv
+    cmd = args.cmd + (f" {args.data_cmd}" if args.cmd == 'data' else '')
+    def fail(msg, code):
+        print(f"wf {cmd}: error: {' '.join(str(msg).split())}", file=sys.stderr); return code
+    import threading
+    if threading.current_thread() is threading.main_thread(): old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     try: return _dispatch(args) or 0
-    except (ConfigError, KeyError, FileNotFoundError, ValueError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"wf {args.cmd}: error: {msg}", file=sys.stderr); return 2
+    except BrokenPipeError:   # `wf logs RUN | head`: the reader left; not an error
+        try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError: pass
+        return 0
+    except KeyboardInterrupt as e:
+        if debug: raise
+        code = 143 if isinstance(e, _Terminated) else 130
+        print(f"wf {cmd}: interrupted ({'SIGTERM' if code == 143 else 'SIGINT'}); rerun the same command to resume", file=sys.stderr)
+        return code
     except Exception as e:
+        if debug: raise
         from wf_nb.runs import RunExistsError
-        if isinstance(e, RunExistsError):   # a COMPLETED run is "nothing to do" (0); a run alive elsewhere is an error (1)
-            print(f"wf {args.cmd}: {e}", file=sys.stderr); return 0 if 'COMPLETED' in str(e) else 1
+        if isinstance(e, RunExistsError) and 'already COMPLETED' in str(e):
+            print(f"wf {cmd}: {e}", file=sys.stderr); return 0      # nothing to do
+        if isinstance(e, RunExistsError): return fail(e, 1)
+        if isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)):
+            return fail(_os_error(e, cmd), 4)
+        if _disk_full(e, getattr(args, 'runs_dir', None) or os.environ.get('WF_RUNS_DIR', 'runs')): return fail(_os_error(OSError(28, 'No space left on device'), cmd) + f" [{str(e).splitlines()[0][:160]}]", 4)
+        if isinstance(e, KeyError) and e.args: return fail(e.args[0], 2)
+        if isinstance(e, (ConfigError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)):
+            return fail(e, 2)
         # wf_nb's own errors (ModelSourceError, DataError, ExportError, CheckpointError, ...) carry the fix in their message
-        if any(c.__module__.startswith('wf_nb.') for c in type(e).__mro__):
-            print(f"wf {args.cmd}: error: {e}", file=sys.stderr); return 2
-        raise
+        if any(c.__module__.startswith('wf_nb.') for c in type(e).__mro__): return fail(e, 2)
+        return fail(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (unexpected; rerun with --debug or "
+                    f"WF_NB_DEBUG=1 for the traceback, and report it)", 1)
+    finally:
+        if threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGTERM, old_term)
+
+def _train_exit(res) -> int:
+    "Exit code of a finished `wf train`: 0 COMPLETED, 130/143 stopped by a signal, 3 by the budget, 1 FAILED."
+    st = res.get('status')
+    if st == 'COMPLETED': return 0
+    if st == 'INTERRUPTED':
+        from wf_nb.train import _Stop
+        sig = getattr(_Stop, 'last_signal', None)
+        return 128 + int(sig) if sig else 3
+    return 1
+
+def _check_eval_inputs(a):
+    "Refuse `wf eval` inputs that would fail after the model is loaded: an empty or malformed --mc file, --json onto a folder."
+    if a.out_json:
+        j = Path(a.out_json)
+        if j.is_dir(): raise IsADirectoryError(f"--json {j} is a folder; give a file path such as {j}/eval.json")
+        if not j.parent.is_dir(): raise FileNotFoundError(f"--json {j}: its folder {j.parent} does not exist; create it first")
+    if a.mc:
+        p = Path(a.mc)
+        if not p.is_file(): raise FileNotFoundError(f"--mc {p} does not exist")
+        items = 0
+        for i, line in enumerate(p.read_text(errors='replace').splitlines(), 1):
+            if not line.strip(): continue
+            try: it = json.loads(line)
+            except json.JSONDecodeError as e: raise ValueError(f"{p}:{i}: not valid JSON ({e.msg}); one item per line: "
+                                                               f'{{"context": ..., "choices": [...], "label": INDEX}}') from None
+            ch, lab = it.get('choices') if isinstance(it, dict) else None, it.get('label') if isinstance(it, dict) else None
+            if not isinstance(ch, list) or len(ch) < 2 or not all(isinstance(c, str) for c in ch):
+                raise ValueError(f"{p}:{i}: 'choices' must be a list of at least 2 strings")
+            if isinstance(lab, bool) or not isinstance(lab, int) or not 0 <= lab < len(ch):
+                raise ValueError(f"{p}:{i}: 'label' is {lab!r}; it must be the index (0..{len(ch) - 1}) of the right choice")
+            items += 1
+        if not items: raise ValueError(f"--mc {p} has no items; one JSON object per line: "
+                                       f'{{"context": ..., "choices": [...], "label": INDEX}}')
 
 def _dispatch(a):
     if a.cmd == 'config':
@@ -119,10 +243,16 @@ def _dispatch(a):
         from wf_nb.stages import run_stage
         cfg = get_config(a.overrides, stage=a.stage or '1', model=a.model)
         if a.scale: cfg.distributed.scale = a.scale
+        if a.out and not a.skip_recovery and (done := _completed_run(cfg, a.runs_dir)) is not None:
+            from wf_nb.runs import copy_output   # --out on a finished run: hand over its output, nothing is retrained
+            out = copy_output(done, a.out)
+            print(f"wf train: run {done.id} already COMPLETED; copied its output to {out}", file=sys.stderr); return 0
         from wf_nb.launch import maybe_relaunch
         if (rc := maybe_relaunch(cfg, a.argv)) is not None: return rc  # re-run under `accelerate launch`
+        from wf_nb.train import _Stop
+        _Stop.last_signal = None
         res = run_stage(cfg, runs_dir=a.runs_dir, out=a.out, skip_recovery=a.skip_recovery)
-        return 0 if res.get('status') in ('COMPLETED', 'INTERRUPTED') else 1
+        return _train_exit(res)
     if a.cmd == 'pipeline':
         from wf_nb.stages import run_pipeline
         res = run_pipeline(a.model, a.overrides, tokens=a.tokens, split=a.split, runs_dir=a.runs_dir, out=a.out)
@@ -142,15 +272,19 @@ def _dispatch(a):
         from wf_nb import data as D
         if a.data_cmd == 'validate':
             rep = D.data_validate(a.data_path, vocab_size=a.vocab_size, seq_len=a.seq_len, checksums=not a.no_checksums)
+            if not rep.get('ok', True):
+                print(f"wf data validate: error: {len(rep.get('errors', []))} problem(s) in {a.data_path} (listed above)", file=sys.stderr)
             return 0 if rep.get('ok', True) else 1
         if a.data_cmd == 'split': D.data_split(a.data_path, a.output_path, val_ratio=a.val_ratio, seed=a.seed); return 0
         if a.data_cmd == 'tokenize':
             from wf_nb.assets import load_tokenizer
             tok = load_tokenizer(get_config(model=a.model).model)
             D.data_tokenize(a.source, a.output_path, tok, text_field=a.text_field, num_proc=a.num_proc,
-                            shard_tokens=a.shard_tokens, overwrite=a.overwrite); return 0
+                            shard_tokens=a.shard_tokens, overwrite=a.overwrite, encoding=a.encoding,
+                            decode_errors=a.decode_errors); return 0
     if a.cmd == 'eval':
         from wf_nb.evaluate import evaluate
+        _check_eval_inputs(a)
         evaluate(resolve_checkpoint(a.src, a.runs_dir), data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
                  seq_len=a.seq_len, stride=a.stride, limit=a.limit, max_tokens=a.max_tokens); return 0
     if a.cmd == 'export':
@@ -160,5 +294,12 @@ def _dispatch(a):
         return 0
     if a.cmd == 'generate':
         from wf_nb.export import generate_text
+        if not a.prompt.strip(): raise ValueError("--prompt is empty; give the text to continue, e.g. --prompt 'To be, or not to be'")
         print(generate_text(resolve_checkpoint(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens)); return 0
     raise ValueError(f"unknown command {a.cmd}")
+
+def _completed_run(cfg, runs_dir):
+    "The COMPLETED run with `cfg`'s fingerprint, if there is one."
+    from wf_nb.runs import Run, run_id_for, default_runs_dir
+    run = Run(Path(runs_dir or default_runs_dir())/run_id_for(cfg, fingerprint(cfg, git_info()['commit'])))
+    return run if run.meta_path.exists() and run.status == 'COMPLETED' else None

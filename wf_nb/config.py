@@ -10,10 +10,11 @@ from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['GROUPS', 'PRESETS', 'PRESET_MODULES', 'STAGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE', 'ModelConfig',
-           'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig', 'DistributedConfig',
-           'WFConfig', 'register_preset', 'load_preset_modules', 'ConfigError', 'apply_override', 'normalize_stage',
-           'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
+__all__ = ['GROUPS', 'PRESETS', 'PRESET_MODULES', 'STAGES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE',
+           'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig',
+           'DistributedConfig', 'WFConfig', 'register_preset', 'load_preset_modules', 'ConfigError', 'apply_override',
+           'normalize_stage', 'check_ranges', 'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml',
+           'load_yaml', 'git_info', 'fingerprint']
 
 # %% ../nbs/00_config.ipynb #d34c4eb8
 @dataclass
@@ -63,6 +64,8 @@ class DataConfig:
     task: str = ''                      # Stage 3 / SFT task ('' = language modelling)
     streaming: bool = False
     context_schedule: str = ''          # progressive context 'LEN:FRACTION,...' (e.g. 2048:0.5,4096:0.25,8192:0.25); '' = seq_len throughout
+    encoding: str = 'utf-8'             # encoding of text files (e.g. latin-1)
+    decode_errors: str = 'strict'       # strict: a byte that does not decode is an error | replace | ignore (accept damage knowingly)
 
 @dataclass
 class TrainingConfig:
@@ -288,6 +291,30 @@ def normalize_stage(s) -> str:
     if s not in STAGES: raise ConfigError(f"unknown stage {s!r}. Stages: {', '.join(STAGES)}.{_suggest(s, STAGES)}")
     return s
 
+# %% ../nbs/00_config.ipynb #a13f0c01
+RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
+    'training.lr': (0, None, True, True), 'training.warmup_steps': (0, None, True, True), 'training.grad_clip': (0, None, True, True),
+    'training.weight_decay': (0, None, True, True), 'training.eps': (0, None, False, True), 'training.min_lr_ratio': (0, 1, True, True),
+    'training.decay_ratio': (0, 1, True, True), 'training.beta1': (0, 1, True, False), 'training.beta2': (0, 1, True, False),
+    'training.max_steps': (0, None, True, True), 'training.total_tokens': (0, None, True, True),
+    'data.val_fraction': (0, 1, True, False), 'data.fim_rate': (0, 1, True, True), 'data.fim_spm_rate': (0, 1, True, True),
+    'data.num_workers': (0, None, True, True), 'model.num_heads': (1, None, True, True), 'model.num_kv_heads': (1, None, True, True),
+    'model.hidden_size': (1, None, True, True), 'model.num_layers': (1, None, True, True), 'model.vocab_size': (1, None, True, True),
+    'quant.warmup_steps': (0, None, True, True)}
+
+def check_ranges(cfg, ranges=RANGES):
+    "Refuse NaN, infinite and out-of-range numbers at config time (not deep inside torch), naming key, value and range."
+    import math
+    for k, (lo, hi, lo_in, hi_in) in ranges.items():
+        try: v = cfg.get(k)
+        except (AttributeError, KeyError): continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool): continue
+        bad = not math.isfinite(v) or (lo is not None and (v < lo if lo_in else v <= lo)) or (hi is not None and (v > hi if hi_in else v >= hi))
+        if bad:
+            rng = f"{'[' if lo_in else '('}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{']' if hi_in else ')'}"
+            raise ConfigError(f"{k}={v} is out of range: it must be a finite number in {rng}")
+    return cfg
+
 # %% ../nbs/00_config.ipynb #62adae0f
 CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.dtype': ('float32','bfloat16'),
            'data.tokenize': ('upfront','on_the_fly'), 'model.rope_extension': ('ntk','linear','none'), 'training.schedule': ('cosine','linear','wsd','constant'),
@@ -298,6 +325,7 @@ CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.
 
 def validate(cfg: WFConfig) -> WFConfig:
     "Check enumerations and ranges; raise `ConfigError` naming the key, the bad value and the valid ones."
+    check_ranges(cfg)
     for k, opts in CHOICES.items():
         v = cfg.get(k)
         if v not in opts: raise ConfigError(f"{k}={v!r} is not one of {', '.join(map(repr, opts))}.{_suggest(str(v), opts)}")
@@ -358,7 +386,10 @@ def save_yaml(cfg: WFConfig, path):
 
 def load_yaml(path) -> WFConfig:
     "Read a config written by `save_yaml` (or by hand) and validate it."
-    return validate(from_dict(yaml.safe_load(Path(path).read_text()) or {}))
+    try: d = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e: raise ConfigError(f"{path} is not valid YAML ({' '.join(str(e).split())[:200]}); fix or restore it") from None
+    if d is not None and not isinstance(d, dict): raise ConfigError(f"{path} holds a {type(d).__name__}, not a config mapping; fix or restore it")
+    return validate(from_dict(d or {}))
 
 # %% ../nbs/00_config.ipynb #e97b5f20
 FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_project', 'logging.progress',

@@ -74,9 +74,10 @@ def _sha(obj, n=16) -> str:
 
 class TextSource:
     "Documents from files (text / JSONL / Parquet), a dataset saved to disk, or a hub dataset."
-    def __init__(self, spec: str, kind: str, files=(), text_field='text', root=None, streaming=False):
+    def __init__(self, spec: str, kind: str, files=(), text_field='text', root=None, streaming=False,
+                 encoding: str = 'utf-8', decode_errors: str = 'strict'):
         self.spec, self.kind, self.files, self.text_field = spec, kind, list(files), text_field
-        self.root, self.streaming = root, streaming
+        self.root, self.streaming, self.encoding, self.decode_errors = root, streaming, encoding, decode_errors
 
     def __repr__(self): return f'TextSource({self.spec!r}, kind={self.kind}, files={len(self.files)})'
 
@@ -87,20 +88,38 @@ class TextSource:
         elif self.kind == 'disk':
             st = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(self.root).rglob('*')) if p.is_file()]
         else: st = [self.spec]
-        return _sha([self.kind, st, self.text_field])
+        dec = [] if (self.encoding, self.decode_errors) == ('utf-8', 'strict') else [self.encoding, self.decode_errors]
+        return _sha([self.kind, st, self.text_field, *dec])   # default decoding: the same key as before it was configurable
 
     def iter_docs(self) -> Iterator[str]:
         "Every non-blank document, in a fixed order."
         if self.kind == 'files':
-            for p in self.files: yield from _file_docs(p, self.text_field)
+            for p in self.files: yield from _file_docs(p, self.text_field, self.encoding, self.decode_errors)
         elif self.kind == 'disk': yield from _dataset_docs(_load_disk(self.root), self.text_field, self.root)
         else: yield from _dataset_docs(_load_hub(self.spec, self.streaming), self.text_field, self.spec)
 
-def _file_docs(p: Path, field: str):
+def _decode_hint(p, enc, e, raw, offset=0):
+    return DataError(f"{p}: not valid {enc} text at byte offset {offset + e.start} ({raw[e.start:e.start + 4]!r}). Fix: convert the file to "
+                     f"UTF-8, or set data.encoding=latin-1 (the file's real encoding), or data.decode_errors=replace to train on it "
+                     f"with replacement characters knowingly (wf data tokenize: --encoding / --decode-errors)")
+
+def _check_text_bytes(p: Path, head: bytes, enc: str):
+    "Refuse binary files: a NUL byte in the first 8 KiB (not in UTF-16/32, where NULs are normal)."
+    if 'utf-16' in enc.lower() or 'utf-32' in enc.lower() or 'utf16' in enc.lower() or 'utf32' in enc.lower(): return
+    if (i := head.find(b'\x00')) >= 0:
+        raise DataError(f"{p} looks binary (a NUL byte at offset {i}), not text; remove it from the source or point data.source at text files")
+
+def _file_docs(p: Path, field: str, encoding: str = 'utf-8', errors: str = 'strict'):
     suf = p.suffix.lower()
+    try: import codecs; codecs.lookup(encoding); codecs.lookup_error(errors)
+    except LookupError as e: raise DataError(f"data.encoding={encoding!r} / data.decode_errors={errors!r}: {e}. Use e.g. utf-8, latin-1; strict, replace") from None
     if suf in ('.jsonl', '.ndjson'):
-        with open(p, encoding='utf-8', errors='replace') as f:
-            for i, line in enumerate(f, 1):
+        with open(p, 'rb') as f:
+            _check_text_bytes(p, f.read(8192), encoding); f.seek(0); off = 0
+            for i, raw in enumerate(f, 1):
+                try: line = raw.decode(encoding, errors)
+                except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw, off) from None
+                off += len(raw)
                 if not line.strip(): continue
                 try: row = json.loads(line)
                 except json.JSONDecodeError as e:
@@ -120,7 +139,10 @@ def _file_docs(p: Path, field: str):
             for t in b.column(0).to_pylist():
                 if isinstance(t, str) and t.strip(): yield t
     else:
-        t = p.read_text(encoding='utf-8', errors='replace')
+        raw = p.read_bytes()
+        _check_text_bytes(p, raw[:8192], encoding)
+        try: t = raw.decode(encoding, errors)
+        except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw) from None
         if t.strip(): yield t
 
 def _load_disk(root):
@@ -152,16 +174,18 @@ def _list_files(p: Path) -> list[Path]:
     return sorted(f for f in p.rglob('*') if f.is_file() and not any(s.startswith('.') for s in f.relative_to(p).parts)
                   and (f.suffix.lower() in TEXT_SUFFIXES | ROW_SUFFIXES))
 
-def text_source(spec: str, text_field: str = 'text', streaming: bool = False) -> TextSource:
-    "Resolve `spec` (preset name, file, folder, saved dataset, hub name) to a `TextSource`."
-    if spec in PRESET_SOURCES: return TextSource(spec, 'files', PRESET_SOURCES[spec](), text_field)
+def text_source(spec: str, text_field: str = 'text', streaming: bool = False, encoding: str = 'utf-8',
+                decode_errors: str = 'strict') -> TextSource:
+    "Resolve `spec` (preset name, file, folder, saved dataset, hub name) to a `TextSource` (text files read as `encoding`)."
+    dec = dict(encoding=encoding, decode_errors=decode_errors)
+    if spec in PRESET_SOURCES: return TextSource(spec, 'files', PRESET_SOURCES[spec](), text_field, **dec)
     p = Path(spec).expanduser()
     if p.is_dir():
         if _is_dataset_dir(p): return TextSource(spec, 'disk', (), text_field, root=p)
         files = _list_files(p)
         if not files: raise DataError(f"folder {p} holds no text/JSONL/Parquet files ({', '.join(sorted(TEXT_SUFFIXES | ROW_SUFFIXES))}). Point data.source at your corpus.")
-        return TextSource(spec, 'files', files, text_field, root=p)
-    if p.is_file(): return TextSource(spec, 'files', [p], text_field)
+        return TextSource(spec, 'files', files, text_field, root=p, **dec)
+    if p.is_file(): return TextSource(spec, 'files', [p], text_field, **dec)
     if spec.startswith(('.', '/', '~')) or p.suffix.lower() in TEXT_SUFFIXES | ROW_SUFFIXES | {'.npy', '.pt'}:
         raise DataError(f"data source {spec!r} does not exist. Give an existing file or folder, or a preset: {', '.join(PRESET_SOURCES)}.")
     if '/' not in spec:
@@ -224,18 +248,43 @@ def as_tokenizer(tokenizer):
     if t in PRESETS['model']: return load_tokenizer(get_config(model=t).model)
     return load_tokenizer(ModelConfig(name=t, source=t, gguf_file=''))
 
+def _is_shard_dir(p: Path) -> bool:
+    "A folder holding a wf_nb token-shard manifest (what `data_tokenize` writes)."
+    try: return json.loads((p/MANIFEST).read_text()).get('format') == 'wf_nb.tokens'
+    except (OSError, ValueError, AttributeError): return False
+
+def _check_tokenize_output(src, out: Path, overwrite: bool) -> bool:
+    """Refuse an output that is, contains or lies inside the source, or an existing folder that wf_nb did not write;
+    return whether an existing folder is to be replaced (wf_nb shards with `overwrite`, or an empty folder)."""
+    o = out.resolve()
+    for s in ([Path(src.root)] if src.root else []) + list(src.files):
+        s = s.resolve()
+        if o == s or o in s.parents or s in o.parents:
+            rel = 'is' if o == s else 'contains' if o in s.parents else 'is inside'
+            raise DataError(f"output {out} {rel} the source {s}; writing there could destroy the corpus. Choose an output folder outside the source.")
+    if not out.exists() and not out.is_symlink(): return False
+    if not out.is_dir(): raise DataError(f"output {out} exists and is not a folder; choose another output path.")
+    if _is_shard_dir(out):
+        if not overwrite: raise DataError(f"{out} already holds token shards; pass overwrite=True (--overwrite) or choose another output.")
+        return True
+    if any(out.iterdir()):
+        raise DataError(f"output {out} exists and is not a wf_nb token-shard folder (no wf_nb {MANIFEST}); --overwrite only replaces "
+                        f"shards wf_nb wrote, never other files. Choose a new or empty output folder.")
+    return True   # an empty folder
+
 def data_tokenize(source, out, tokenizer='smollm2_135m', text_field: str = 'text', num_proc: int = 1,
-                  shard_tokens: int = 50_000_000, overwrite: bool = False, verbose: bool = True) -> dict:
+                  shard_tokens: int = 50_000_000, overwrite: bool = False, verbose: bool = True,
+                  encoding: str = 'utf-8', decode_errors: str = 'strict') -> dict:
     """Tokenize every document of `source` (spec string or `TextSource`) into token shards in `out`.
 
     `tokenizer`: an object, a model preset name or a tokenizer dir/hub id. EOS follows each document; shards hold at
     most `shard_tokens` tokens (whole documents); `num_proc` processes encode batches in parallel (output identical
-    for any value). Written atomically; returns the manifest."""
+    for any value). Written atomically; returns the manifest. `overwrite` replaces only a folder of wf_nb shards, never
+    one that holds other files or is, contains or lies inside the source."""
     tokenizer = as_tokenizer(tokenizer)
-    src = source if isinstance(source, TextSource) else text_source(str(source), text_field)
+    src = source if isinstance(source, TextSource) else text_source(str(source), text_field, encoding=encoding, decode_errors=decode_errors)
     out = Path(out)
-    if (out/MANIFEST).exists() and not overwrite:
-        raise DataError(f"{out} already holds token shards; pass overwrite=True (--overwrite) or choose another output.")
+    replace = _check_tokenize_output(src, out, overwrite)
     backend, eos = _backend(tokenizer), tokenizer.eos_token_id
     if eos is None: raise DataError("the tokenizer has no EOS token; set tokenizer.eos_token before tokenizing.")
     vocab = len(tokenizer); dtype = token_dtype(vocab)
@@ -285,7 +334,7 @@ def data_tokenize(source, out, tokenizer='smollm2_135m', text_field: str = 'text
                'source_fingerprint': src.fingerprint(), 'text_field': src.text_field, **stats, 'shards': shards,
                'seconds': round(time.time() - t0, 3)}
         (tmp/MANIFEST).write_text(json.dumps(man, indent=1))
-    _atomic_write_dir(out, write, overwrite=overwrite)
+    _atomic_write_dir(out, write, overwrite=replace)
     man = json.loads((out/MANIFEST).read_text())
     if verbose:
         print(f"tokenized {man['source']!r}: {man['n_docs']:,} documents, {man['n_tokens']:,} tokens, "
@@ -335,8 +384,9 @@ def _rebuild_hint(path):
 
 class TokenShards:
     "Memory-mapped token shards (wf_nb manifest, or pretokenized (N, S) files) with an LRU of open files."
-    def __init__(self, path, max_open: int = 8, tokenizer=None, vocab_size: int | None = None):
+    def __init__(self, path, max_open: int = 8, tokenizer=None, vocab_size: int | None = None, verify: bool = True):
         self.path = Path(path); self.max_open = max_open; self._open_files = OrderedDict()
+        self.verify, self._verified = verify, set()   # verify: each shard's SHA-256 on first open (see `_verify`)
         if not self.path.exists(): raise DataError(f"token data {self.path} does not exist. Tokenize first: wf data tokenize SOURCE --out {self.path}")
         mp_ = self.path/MANIFEST
         if mp_.exists():
@@ -380,9 +430,34 @@ class TokenShards:
             want = (s['n_tokens'],) if self.layout == 'flat' else (s['n_rows'], self.manifest['seq_len'])
             if tuple(arr.shape) != tuple(want):
                 raise DataError(f"shard {f} has shape {tuple(arr.shape)} but the manifest says {tuple(want)} (truncated or replaced). {_rebuild_hint(self.path)}")
+        digest = s.get('sha256' if key == 'file' else 'docs_sha256')
+        if self.verify and digest and ck not in self._verified: self._verify(f, digest); self._verified.add(ck)
         self._open_files[ck] = arr
         while len(self._open_files) > self.max_open: self._open_files.popitem(last=False)
         return arr
+
+    VERIFIED = '.wf_verified.json'   # {file: [size, mtime_ns, sha256]} of shards whose checksum matched
+
+    def _verify(self, f: Path, want: str):
+        "Refuse a shard whose SHA-256 differs from the manifest's; a file unchanged (size, mtime) since it last matched is not re-hashed."
+        st = f.stat(); rec = [st.st_size, st.st_mtime_ns, want]
+        cache_p = self.path/self.VERIFIED
+        try: cache = json.loads(cache_p.read_text())
+        except (OSError, ValueError): cache = {}
+        if not isinstance(cache, dict): cache = {}
+        if cache.get(f.name) == rec: return
+        got = _file_sha(f)
+        if got != want:
+            raise DataError(f"shard {f} fails its SHA-256 check (manifest {want[:12]}..., file {got[:12]}...): it was corrupted or "
+                            f"changed after tokenizing. {_rebuild_hint(self.path)}")
+        cache[f.name] = rec
+        tmp = None
+        try:   # best effort: a read-only data folder is simply verified again next time
+            fd, tmp = tempfile.mkstemp(prefix=f'.{self.VERIFIED}.', dir=self.path)
+            with os.fdopen(fd, 'w') as fh: json.dump(cache, fh)
+            os.replace(tmp, cache_p)
+        except OSError:
+            if tmp: Path(tmp).unlink(missing_ok=True)
 
     def split_view(self, split: str, seq_len: int, val_fraction: float = 0.0, pack: bool = True) -> 'Windows':
         "A `Windows` view of the `train` or `val` documents (rows for the pretokenized layout); `pack=False`: one document per window."
@@ -845,11 +920,12 @@ FORMAT_VERSION = 1
 def _is_token_dir(p: Path) -> bool:
     return p.is_dir() and ((p/MANIFEST).exists() or any(f.suffix in ('.npy', '.pt') for f in p.iterdir()))
 
-def shards_for(spec: str, tokenizer, text_field='text', shards_dir='', streaming=False, num_proc=1, verbose=True) -> Path:
+def shards_for(spec: str, tokenizer, text_field='text', shards_dir='', streaming=False, num_proc=1, verbose=True,
+               encoding='utf-8', decode_errors='strict') -> Path:
     "The token-shard directory for source `spec`: used as is if it holds tokens, else built (once) in the cache."
     p = Path(spec).expanduser()
     if _is_token_dir(p) or (p.is_dir() and (p/'train').is_dir() and _is_token_dir(p/'train')): return p
-    src = text_source(spec, text_field, streaming)
+    src = text_source(spec, text_field, streaming, encoding, decode_errors)
     key = _sha([FORMAT_VERSION, src.fingerprint(), text_field])
     slug = re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(spec).name or spec)[-40:]
     root = Path(shards_dir) if shards_dir else cache_dir('data')
@@ -868,6 +944,7 @@ def shards_for(spec: str, tokenizer, text_field='text', shards_dir='', streaming
 
 def _views(path: Path, tokenizer, split, seq_len, val_fraction, vocab, pack=True):
     if (path/'train').is_dir() and not (path/MANIFEST).exists():          # a data_split output
+        if split == 'val' and not (path/'val').is_dir(): return None, None   # split with --val-ratio 0: no validation
         st = TokenShards(path/split, tokenizer=tokenizer if (path/split/MANIFEST).exists() else None, vocab_size=vocab)
         return st, st.split_view('train', seq_len, 0.0, pack)
     st = TokenShards(path, tokenizer=tokenizer if (path/MANIFEST).exists() else None, vocab_size=vocab)
@@ -891,15 +968,16 @@ def get_data(cfg: WFConfig, tokenizer, split: str = 'train', rank: int = 0, worl
     comps = mixture_components(d)
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
     fim = (fim_ids(tokenizer), d.fim_rate, d.fim_spm_rate) if d.fim_rate > 0 and split == 'train' else None
-    paths, views = {}, []
+    paths, views, dec, no_val = {}, [], dict(encoding=d.encoding, decode_errors=d.decode_errors), False
     for ci, (label, spec, w) in enumerate(comps):
         if d.tokenize == 'on_the_fly' and not _is_token_dir(Path(spec).expanduser()):
-            otf = OnTheFlyWindows(text_source(spec, d.text_field, d.streaming), tokenizer, d.seq_len, d.val_fraction, [t.seed, ci], d.pack)
-            paths[spec] = Path(f'on_the_fly:{text_source(spec, d.text_field).fingerprint()}')
+            otf = OnTheFlyWindows(text_source(spec, d.text_field, d.streaming, **dec), tokenizer, d.seq_len, d.val_fraction, [t.seed, ci], d.pack)
+            paths[spec] = Path(f'on_the_fly:{text_source(spec, d.text_field, **dec).fingerprint()}')
             views.append((label, spec, w, otf.val_windows() if split == 'val' else otf)); continue
         if spec not in paths:
-            paths[spec] = shards_for(spec, tokenizer, d.text_field, d.shards_dir, d.streaming, verbose=verbose)
+            paths[spec] = shards_for(spec, tokenizer, d.text_field, d.shards_dir, d.streaming, verbose=verbose, **dec)
         st, view = _views(paths[spec], tokenizer, split, d.seq_len, d.val_fraction, vocab, d.pack)
+        if view is None: no_val = True; continue
         if st.eos_id is not None and eos is not None and st.eos_id != eos:
             raise DataError(f"{st.path}: shards use EOS id {st.eos_id}, the tokenizer {eos}. Re-tokenize with the model's tokenizer.")
         views.append((label, spec, w, view))
@@ -907,7 +985,7 @@ def get_data(cfg: WFConfig, tokenizer, split: str = 'train', rank: int = 0, worl
         seen, uniq = set(), []
         for label, spec, w, v in views:
             if spec not in seen: seen.add(spec); uniq.append(v)
-        return ValBatches(uniq, t.batch_size, eos, rank, world_size, d.doc_mask, allow_empty=d.val_fraction <= 0)
+        return ValBatches(uniq, t.batch_size, eos, rank, world_size, d.doc_mask, allow_empty=d.val_fraction <= 0 or no_val)
     meta = {'sources': [f'{label}={spec}@{paths[spec].name}' for label, spec, w, v in views]}
     return TokenStream([(label, v) for label, spec, w, v in views], [w for *_, w, v in views], t.batch_size,
                        seed=t.seed, rank=rank, world_size=world_size, eos_id=eos, vocab_size=vocab, doc_mask=d.doc_mask,
@@ -924,7 +1002,7 @@ def data_validate(data_path, vocab_size: int | None = None, seq_len: int | None 
     if (path/'train').is_dir() and not (path/MANIFEST).exists() and not any(path.glob('*.npy')):
         parts = {s: data_validate(path/s, vocab_size, seq_len, checksums, tokenizer, verbose) for s in ('train', 'val') if (path/s).is_dir()}
         return {'ok': all(p['ok'] for p in parts.values()), 'splits': parts, 'errors': sum((p['errors'] for p in parts.values()), [])}
-    try: st = TokenShards(path, vocab_size=vocab_size)
+    try: st = TokenShards(path, vocab_size=vocab_size, verify=False)   # checksums are checked (and reported) below
     except DataError as e: st, errors = None, [str(e)]
     if st is not None and tokenizer is not None:
         try: st.check_tokenizer(tokenizer)
@@ -986,15 +1064,17 @@ def _link(src: Path, dst: Path):
 def data_split(data_path, output_path, val_ratio: float = 0.01, seed: int = 0, verbose: bool = True) -> dict:
     "Split the files at `data_path` into `output_path/{train,val}` as links (no copies), `val_ratio` of files to val."
     src = Path(data_path); out = Path(output_path)
-    st = TokenShards(src)
+    if not isinstance(val_ratio, (int, float)) or not 0 <= val_ratio < 1:   # NaN fails both comparisons
+        raise DataError(f"val ratio {val_ratio} must be in [0, 1): the share of files held out for validation (0 = none)")
+    st = TokenShards(src, verify=False)
     n = len(st.shards)
     if n < 2: raise DataError(f"{src} has {n} file(s); splitting by files needs at least 2. Re-tokenize into more shards "
                               f"(data_tokenize(..., shard_tokens=N)) or use data.val_fraction (held-out documents) instead.")
     if out.exists(): raise DataError(f"{out} already exists; choose a new --output-path or remove it.")
-    k = min(n - 1, max(1, round(n * val_ratio)))
+    k = min(n - 1, max(1, round(n * val_ratio))) if val_ratio > 0 else 0
     val = set(Perm(n, [seed, SPLIT_KEY])(np.arange(k)).tolist())
     def write(tmp):
-        for name, keep in (('train', lambda i: i not in val), ('val', lambda i: i in val)):
+        for name, keep in (('train', lambda i: i not in val), ('val', lambda i: i in val))[:2 if k else 1]:   # no val folder for 0
             d = tmp/name; d.mkdir(); sh = [s for i, s in enumerate(st.shards) if keep(i)]
             for s in sh:
                 for key in ('file', 'docs'):

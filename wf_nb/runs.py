@@ -4,24 +4,38 @@
 
 # %% ../nbs/06a_runs.ipynb #2cbc5fd0
 from __future__ import annotations
-import datetime as dt, json, os, signal, socket, sys, time
+import datetime as dt, fcntl, json, os, re, shutil, signal, socket, sys, time
 from dataclasses import dataclass
 from pathlib import Path
-from .config import WFConfig, fingerprint, git_info, save_yaml, load_yaml, get_config
+from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
 from .train import atomic_write_text
 
 # %% auto #0
-__all__ = ['STATUSES', 'default_runs_dir', 'run_id_for', 'pid_alive', 'RunExistsError', 'Run', 'open_run', 'finish_run',
-           'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
+__all__ = ['STATUSES', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
+           'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'repair_metrics', 'open_run', 'finish_run',
+           'copy_output', 'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
 
 # %% ../nbs/06a_runs.ipynb #b4469970
 STATUSES = ('RUNNING', 'INTERRUPTED', 'COMPLETED', 'FAILED')
 
 def default_runs_dir() -> Path: return Path(os.environ.get('WF_RUNS_DIR', 'runs'))
 
+def safe_run_name(name) -> str:
+    "`name` as one harmless path component: letters, digits and `_ . -` only (others become `_`), no leading dot."
+    s = re.sub(r'[^A-Za-z0-9_.-]+', '_', str(name)).lstrip('.')[:80]
+    return s or 'run'
+
 def run_id_for(cfg: WFConfig, fp: str) -> str:
     "Deterministic, readable run id from the model, the stage and the fingerprint."
-    return f"{cfg.model.name}-s{cfg.stage}-{fp[:10]}"
+    return f"{safe_run_name(cfg.model.name)}-s{safe_run_name(cfg.stage)}-{fp[:10]}"
+
+def run_dir_in(runs_dir, name) -> Path:
+    "`runs_dir/name`, refusing a name that would resolve anywhere but directly inside `runs_dir`."
+    root = Path(runs_dir).resolve(); p = (root/str(name)).resolve()
+    if p.parent != root:
+        raise ConfigError(f"run folder {name!r} would resolve to {p}, outside the runs folder {root}; "
+                          f"use a plain name (letters, digits, _ . -) for model.name")
+    return root/str(name)
 
 def _now(): return dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')
 
@@ -36,6 +50,15 @@ def pid_alive(pid) -> bool:
 # %% ../nbs/06a_runs.ipynb #0dcd3e5b
 class RunExistsError(RuntimeError):
     "The run is finished or already running; the message says how to start another."
+    def __init__(self, msg, run=None, status=None):
+        super().__init__(msg); self.run, self.status = run, status
+
+class RunLockedError(RunExistsError):
+    "Another live process holds the run's lock (it is training that run now)."
+
+_WARNED: set = set()
+def _warn_once(msg):
+    if msg not in _WARNED: _WARNED.add(msg); print(f"warning: {msg}", file=sys.stderr)
 
 @dataclass
 class Run:
@@ -51,10 +74,24 @@ class Run:
     def log_path(self) -> Path: return self.dir/'train.log'
     @property
     def metrics_path(self) -> Path: return self.dir/'metrics.jsonl'
+    @property
+    def lock_path(self) -> Path: return self.dir/'.lock'
 
     def meta(self) -> dict:
-        return json.loads(self.meta_path.read_text()) if self.meta_path.exists() else {}
-    def config(self) -> WFConfig: return load_yaml(self.dir/'config.yaml')
+        "metadata.json; a damaged one (not a JSON object) reads as `{'status': 'DAMAGED'}` with a warning naming it."
+        if not self.meta_path.exists(): return {}
+        try: m = json.loads(self.meta_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError): m = None
+        if not isinstance(m, dict):
+            _warn_once(f"{self.meta_path} is damaged (not a JSON object); the run shows as DAMAGED. "
+                       f"Rerunning its command repairs it (the damaged file is kept as metadata.json.damaged)")
+            return {'status': 'DAMAGED'}
+        return m
+    def config(self) -> WFConfig:
+        import yaml
+        try: return load_yaml(self.dir/'config.yaml')
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{self.dir/'config.yaml'} is not valid YAML ({str(e).splitlines()[0]}); restore it or remove the run {self.dir}") from None
     def update(self, **kw) -> dict:
         "Merge `kw` into metadata.json (atomically) and stamp `updated`."
         m = {**self.meta(), **kw, 'updated': _now()}
@@ -63,7 +100,9 @@ class Run:
     @property
     def status(self) -> str:
         m = self.meta(); s = m.get('status', '')
-        if s == 'RUNNING' and m.get('host') == socket.gethostname() and not pid_alive(m.get('pid')): return 'INTERRUPTED'
+        if s == 'RUNNING' and m.get('host') == socket.gethostname():
+            held = lock_holder(self.dir)
+            if held is False or (held is None and not pid_alive(m.get('pid'))): return 'INTERRUPTED'
         return s
     def log(self, msg: str, echo=True):
         "Append a timestamped line to train.log (and print it)."
@@ -71,37 +110,142 @@ class Run:
         with open(self.log_path, 'a') as f: f.write(line + '\n')
         if echo: print(msg, flush=True)
 
+_LOCKS: dict[str, int] = {}   # run dir -> descriptor of the lock this process holds
+
+def lock_run(run_dir, wait: float = 1.0) -> bool:
+    """Take the exclusive lock of a run (`flock` on `RUN/.lock`), held until `unlock_run` or the end of the
+    process (the kernel releases it on SIGKILL too). True if newly taken, False if this process held it already.
+    Raises `RunLockedError` naming the pid of the process that holds it."""
+    run_dir = Path(run_dir); key = str(run_dir.resolve())
+    if key in _LOCKS: return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir/'.lock', os.O_RDWR | os.O_CREAT, 0o644)
+    t0 = time.monotonic()
+    while True:
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); break
+        except BlockingIOError:
+            if time.monotonic() - t0 > wait:   # a short wait: `wf runs` may be peeking at the lock this instant
+                os.close(fd)
+                pid = _lock_pid(run_dir)
+                raise RunLockedError(f"run {run_dir.name} is being trained by process {pid or '?'} on this machine (it holds "
+                                     f"{run_dir/'.lock'}); wait for it to finish, or stop it with `wf cancel {run_dir.name}`",
+                                     Run(run_dir), 'RUNNING') from None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0); os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    _LOCKS[key] = fd
+    return True
+
+def _lock_pid(run_dir, tries=20):
+    for _ in range(tries):   # the holder writes its pid just after taking the lock
+        try: pid = (Path(run_dir)/'.lock').read_text().split()[0]
+        except (OSError, IndexError): pid = ''
+        if pid: return pid
+        time.sleep(0.05)
+    return ''
+
+def unlock_run(run_dir):
+    "Release the run's lock if this process holds it."
+    fd = _LOCKS.pop(str(Path(run_dir).resolve()), None)
+    if fd is not None: os.close(fd)   # closing the descriptor releases the flock
+
+def lock_holder(run_dir):
+    "Pid (str) of the process holding the run's lock, False if nobody holds it, None if the run has no lock file."
+    p = Path(run_dir)/'.lock'
+    if str(Path(run_dir).resolve()) in _LOCKS: return str(os.getpid())
+    try: fd = os.open(p, os.O_RDONLY)
+    except OSError: return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB); return False
+    except BlockingIOError: return _lock_pid(run_dir, tries=1) or '?'
+    finally: os.close(fd)
+
 # %% ../nbs/06a_runs.ipynb #beaaed1c
+def repair_metrics(run: Run, log=None) -> int:
+    "Drop lines of metrics.jsonl that are not JSON objects (a write cut by SIGKILL, a hand edit); return how many."
+    p = run.metrics_path
+    if not p.exists(): return 0
+    good, bad = [], []
+    for i, line in enumerate(p.read_text(errors='replace').splitlines(), 1):
+        if not line.strip(): continue
+        try: ok = isinstance(json.loads(line), dict)
+        except json.JSONDecodeError: ok = False
+        (good if ok else bad).append(line if ok else i)
+    if bad:
+        atomic_write_text(p, ''.join(l + '\n' for l in good))
+        (log or run.log)(f"{p}: dropped {len(bad)} damaged line(s) (line {', '.join(map(str, bad[:5]))}{'...' if len(bad) > 5 else ''})")
+    return len(bad)
+
+def _check_resumable(run: Run):
+    "Before a resume: refuse a run whose checkpoints are all damaged; a restart from step 0 clears the old metrics."
+    from wf_nb.train import list_checkpoints, verify_checkpoint, CheckpointError
+    cks, errs = list_checkpoints(run.dir), []
+    for ck in reversed(cks):
+        try: verify_checkpoint(ck); return
+        except (CheckpointError, OSError, ValueError) as e: errs.append(str(e))
+    if cks:
+        raise CheckpointError(f"run {run.id}: all {len(cks)} checkpoint(s) in {run.dir/'checkpoints'} are damaged ({errs[0]}); "
+                              f"refusing to silently start it over from step 0. `--skip-recovery` trains a fresh run beside it, "
+                              f"or move {run.dir/'checkpoints'} away to restart this run from step 0")
+    n = sum(1 for l in run.metrics_path.read_text(errors='replace').splitlines() if l.strip()) if run.metrics_path.exists() else 0
+    if n:
+        atomic_write_text(run.metrics_path, '')
+        run.log(f"restarting run {run.id} from step 0 (no checkpoint was saved): cleared {n} metric line(s) of the earlier attempt")
+
 def open_run(cfg: WFConfig, runs_dir=None, skip_recovery=False, lineage: dict | None = None, commit=None) -> Run:
-    "The run directory for `cfg`: created, or reopened for resume (see above)."
+    "The run directory for `cfg`, locked for this process: created, or reopened for resume (see above)."
     runs_dir = Path(runs_dir or default_runs_dir())
     gi = git_info() if commit is None else {'commit': commit, 'dirty': False}
     fp = fingerprint(cfg, gi['commit'])
     rid = run_id_for(cfg, fp)
-    run = Run(runs_dir/rid)
-    if run.dir.exists() and not skip_recovery:
-        st = run.status
-        if st == 'COMPLETED':
-            raise RunExistsError(f"run {rid} already COMPLETED (output: {run.output}); nothing to do. "
-                                 f"Use --skip-recovery to train a fresh run, or change the config.")
-        if st == 'RUNNING':
-            raise RunExistsError(f"run {rid} is RUNNING in process {run.meta().get('pid')}; `wf cancel {rid}` to stop it")
-        run.update(status='RUNNING', pid=os.getpid(), host=socket.gethostname(), resumed=run.meta().get('resumed', 0) + 1)
-        run.log(f"resuming run {rid} (was {st})", echo=False)
-        return run
+    run = Run(run_dir_in(runs_dir, rid))
     if skip_recovery and run.dir.exists():
-        run = Run(runs_dir/f"{rid}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
-    run.dir.mkdir(parents=True, exist_ok=False)
-    save_yaml(cfg, run.dir/'config.yaml')
-    run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], git_dirty=gi['dirty'], status='RUNNING',
-               stage=cfg.stage, model=cfg.model.name, created=_now(), pid=os.getpid(), host=socket.gethostname(),
-               lineage=lineage or {}, argv=sys.argv[1:])
-    return run
+        run = Run(run_dir_in(runs_dir, f"{rid}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"))
+    fresh_lock = lock_run(run.dir)       # before looking: a second process with this config stops here
+    try:
+        m = run.meta(); st = m.get('status', '')
+        if m:
+            if st == 'COMPLETED':
+                raise RunExistsError(f"run {rid} already COMPLETED (output: {m.get('output') or run.output}); nothing to do. "
+                                     f"Use --skip-recovery to train a fresh run, or change the config.", run, st)
+            if st == 'RUNNING' and (not fresh_lock or m.get('host') not in (None, socket.gethostname())):
+                raise RunExistsError(f"run {rid} is RUNNING in process {m.get('pid')} on {m.get('host')}; `wf cancel {rid}` to stop it", run, st)
+            if st == 'DAMAGED':   # keep the damaged file for inspection, rebuild the metadata
+                os.replace(run.meta_path, run.meta_path.with_name('metadata.json.damaged'))
+                run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], stage=cfg.stage, model=cfg.model.name,
+                           created=_now(), lineage=lineage or {})
+                run.log(f"{run.meta_path} was damaged: kept as metadata.json.damaged and rebuilt")
+            repair_metrics(run)
+            _check_resumable(run)
+            run.update(status='RUNNING', pid=os.getpid(), host=socket.gethostname(), resumed=run.meta().get('resumed', 0) + 1)
+            run.log(f"resuming run {rid} (was {'INTERRUPTED' if st == 'RUNNING' else st})", echo=False)
+            return run
+        save_yaml(cfg, run.dir/'config.yaml')   # a new run (or one killed before its metadata existed)
+        run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], git_dirty=gi['dirty'], status='RUNNING',
+                   stage=cfg.stage, model=cfg.model.name, created=_now(), pid=os.getpid(), host=socket.gethostname(),
+                   lineage=lineage or {}, argv=sys.argv[1:])
+        if run.metrics_path.exists(): _check_resumable(run)
+        return run
+    except BaseException:
+        if fresh_lock: unlock_run(run.dir)
+        raise
 
 def finish_run(run: Run, status: str, **kw):
-    "Record the final status (and summary fields) of a run."
+    "Record the final status (and summary fields) of a run, and release its lock."
     assert status in STATUSES, status
-    run.update(status=status, finished=_now() if status == 'COMPLETED' else None, pid=None, **kw)
+    try: run.update(status=status, finished=_now() if status == 'COMPLETED' else None, pid=None, **kw)
+    finally: unlock_run(run.dir)
+
+def copy_output(run: Run, out) -> Path:
+    "Copy a finished run's output checkpoint to a new directory `out` (atomically; an existing `out` is refused)."
+    src, out = Path(run.meta().get('output') or run.output), Path(out)
+    if out.exists(): raise FileExistsError(f"--out {out} already exists; refusing to overwrite it. Choose a new directory.")
+    if not (src/'config.json').exists():
+        raise FileNotFoundError(f"run {run.id} is COMPLETED but its output {src} is missing; `--skip-recovery` trains it again")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f'.{out.name}.tmp{os.getpid()}')
+    try: shutil.copytree(src, tmp); os.replace(tmp, out)
+    except BaseException: shutil.rmtree(tmp, ignore_errors=True); raise
+    return out
 
 # %% ../nbs/06a_runs.ipynb #7009b846
 def list_runs(runs_dir=None) -> list[Run]:

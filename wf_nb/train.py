@@ -190,8 +190,9 @@ def verify_checkpoint(ckpt_dir) -> dict:
     "The manifest, after checking that every listed file exists and matches its SHA256."
     ckpt_dir = Path(ckpt_dir); mf = ckpt_dir/'manifest.json'
     if not mf.exists(): raise CheckpointError(f"{ckpt_dir}: no manifest.json (incomplete checkpoint)")
-    man = json.loads(mf.read_text())
-    for name, digest in man['files'].items():
+    try: man = json.loads(mf.read_text()); files = dict(man['files'])
+    except (ValueError, KeyError, TypeError): raise CheckpointError(f"{mf} is damaged (not a checkpoint manifest)") from None
+    for name, digest in files.items():
         p = ckpt_dir/name
         if not p.exists() or _sha256(p) != digest: raise CheckpointError(f"{ckpt_dir}: {name} is missing or fails its checksum")
     return man
@@ -302,6 +303,7 @@ class _Stop:
     def _handle(self, signum, frame):
         if self.requested: raise KeyboardInterrupt
         self.requested, self.reason = True, signal.Signals(signum).name
+        _Stop.last_signal = signum   # read by the `wf` command for its exit code (130 / 143)
         print(f"\n{self.reason}: stopping after this step and saving a checkpoint (again to stop at once)", file=sys.stderr)
     def __exit__(self, *a):
         for s, h in self._old.items(): signal.signal(s, h)

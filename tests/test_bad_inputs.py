@@ -1,0 +1,299 @@
+"""A catalogue of bad inputs and faults, by command (issue 13): each must end with one `wf CMD: error: ...` line and a
+documented exit code (never a traceback), name the problem, and leave inputs and outputs as they were.
+
+One tiny corpus, one shard folder and one completed Stage 1 -> Stage 2 lineage (`tiny_llama`, 2 steps) are shared
+by every case to keep the file fast."""
+import hashlib, json, os, shutil, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+from conftest import bin_path
+
+TINY = ['-m', 'tiny_llama', 'data.seq_len=32', 'training.batch_size=2', 'logging.interval=1']
+ENV = {'OMP_NUM_THREADS': '1', 'WANDB_MODE': 'disabled', 'HF_HUB_OFFLINE': '1', 'TOKENIZERS_PARALLELISM': 'false'}
+
+def tree_hash(*paths) -> str:
+    "One digest of every file (path, bytes) under `paths`."
+    h = hashlib.sha256()
+    for root in map(Path, paths):
+        files = sorted(p for p in root.rglob('*') if p.is_file()) if root.is_dir() else [root] if root.exists() else []
+        for p in files:
+            if p.name in ('.lock', '.wf_verified.json'): continue   # process bookkeeping (the lock holder's pid, verified shards)
+            h.update(str(p).encode()); h.update(p.read_bytes())
+    return h.hexdigest()
+
+class W:
+    def __init__(self, root): self.root = root; self.runs = root/'runs'
+    def __call__(self, *args, code=0, has=(), env=None, timeout=600, runs=None):
+        e = {**os.environ, **ENV, 'WF_RUNS_DIR': str(runs or self.runs), **(env or {})}
+        r = subprocess.run([bin_path('wf'), *map(str, args)], cwd=self.root, capture_output=True, text=True, timeout=timeout, env=e)
+        msg = f"wf {' '.join(map(str, args))} -> {r.returncode}\n--- stdout\n{r.stdout[-2000:]}\n--- stderr\n{r.stderr[-3000:]}"
+        assert r.returncode == code, msg
+        assert 'Traceback' not in r.stderr, msg
+        if code not in (0, 130, 143):
+            last = r.stderr.strip().splitlines()[-1]
+            assert last.startswith('wf ') and 'error' in last, msg
+        for h in ([has] if isinstance(has, str) else has): assert h in r.stderr + r.stdout, msg
+        return r
+    @property
+    def inputs(self): return [self.root/n for n in ('corpus', 'shards', 'latin', 'binary', 'mine')] + [self.runs]
+
+@pytest.fixture(scope='module')
+def w(tmp_path_factory):
+    root = tmp_path_factory.mktemp('bad'); w = W(root)
+    from wf_nb.assets import shakespeare_files
+    (root/'corpus').mkdir()
+    for f in shakespeare_files()[:3]: (root/'corpus'/f.name).write_text(f.read_text()[:15000])
+    (root/'latin').mkdir(); (root/'latin'/'a.txt').write_bytes('Caf\u00e9 na\u00efve '.encode('latin-1') * 200)
+    (root/'binary').mkdir(); (root/'binary'/'a.txt').write_bytes(bytes(range(256)) * 40)
+    (root/'mine').mkdir(); (root/'mine'/'notes.txt').write_text('precious')
+    w('data', 'tokenize', '--source', root/'corpus', '--output-path', root/'shards', '--shard-tokens', '3000', '-m', 'tiny_llama')
+    w('train', '-s', '2', *TINY, 'training.max_steps=2', 'training.save_interval=1', f'data.source={root/"corpus"}',
+      f'data.shards_dir={root/"cache"}')
+    metas = {p.name: json.loads((p/'metadata.json').read_text()) for p in w.runs.iterdir()}
+    w.s1 = next(w.runs/k for k, m in metas.items() if m['stage'] == '1')
+    w.s2 = next(w.runs/k for k, m in metas.items() if m['stage'] == '2')
+    w.s2_args = ['train', '-s', '2', *TINY, 'training.max_steps=2', 'training.save_interval=1', f'data.source={root/"corpus"}',
+                 f'data.shards_dir={root/"cache"}']
+    return w
+
+@pytest.fixture
+def same(w):
+    "Assert that the case left every shared input and run untouched."
+    before = tree_hash(*w.inputs); yield w
+    assert tree_hash(*w.inputs) == before, 'inputs or runs changed'
+
+# ---------------------------------------------------------------- wf train / wf config: refused at config time
+CONFIG_CASES = [
+    (['training.lrr=1'], "Did you mean 'lr'"), (['training.lr=nan'], 'training.lr=nan'), (['training.lr=-1'], 'training.lr'),
+    (['training.lr=inf'], 'out of range'), (['training.warmup_steps=-5'], 'training.warmup_steps'),
+    (['training.grad_clip=-1'], 'training.grad_clip'), (['data.val_fraction=1'], 'data.val_fraction'),
+    (['data.val_fraction=-0.5'], 'data.val_fraction'), (['model.num_heads=0'], 'model.num_heads'),
+    (['model=no_such_model'], 'no_such_model'), (['training.batch_size=0'], 'training.batch_size'),
+    (['training.max_steps=abc'], 'not a valid int'), (['foo'], 'must look like group.key=value'), (['--frobnicate'], 'unrecognized'),
+    (['-s', '7'], 'unknown stage'), (['quant.placement=sideways'], 'quant.placement'), (['data.fim_rate=2'], 'data.fim_rate'),
+    (['training.beta2=1'], 'training.beta2'),
+]
+@pytest.mark.parametrize('extra,has', CONFIG_CASES, ids=[c[0][-1] for c in CONFIG_CASES])
+def test_train_config_errors(same, extra, has):
+    same('train', *TINY, *extra, code=2, has=has)
+
+def test_config_command_errors(same):
+    same('config', '-m', 'tiny_llama', '--runs-dir', same.root/'x', 'model.num_heads=0', code=2, has='model.num_heads')
+    same('config', '-m', 'tiny_llama', '--runs-dir', same.root/'x', 'training.lr=1e-4', code=0, has='lr: 0.0001')  # overrides after options
+
+def test_train_out_existing_folder(same):
+    same('train', '-s', '1', *TINY, '--out', same.root/'mine', code=2, has='already exists')
+
+def test_train_out_on_completed_run(w):
+    out = w.root/'out_done'
+    before = tree_hash(w.runs)
+    w(*w.s2_args, '--out', out, code=0, has='already COMPLETED')
+    assert (out/'config.json').exists() and (out/'model.safetensors').exists()
+    assert tree_hash(w.runs) == before
+    w(*w.s2_args, '--out', out, code=2, has='already exists')          # never overwritten
+
+def test_train_completed_is_nothing_to_do(same):
+    same(*same.s2_args, code=0, has='already COMPLETED')
+
+def test_run_name_cannot_escape(w, tmp_path):
+    runs = tmp_path/'r'/'runs'
+    w('train', '-s', '1', *TINY, 'model.name=../../ESCAPED', runs=runs, code=0)
+    assert not list(tmp_path.rglob('ESCAPED')) and not (tmp_path/'ESCAPED').exists()
+    (d,) = list(runs.iterdir()); assert d.name.startswith('_.._ESCAPED-s1-'), d
+
+def test_run_locked_by_another_process(w, tmp_path):
+    from wf_nb.config import get_config, fingerprint
+    from wf_nb.runs import run_id_for
+    cfg = get_config(TINY[2:], stage='1', model='tiny_llama')
+    rdir = tmp_path/'runs'/run_id_for(cfg, fingerprint(cfg, ''))          # not a git checkout: commit ''
+    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from wf_nb.runs import lock_run; lock_run(sys.argv[1]); '
+                               'print("ok", flush=True); time.sleep(120)', str(rdir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'ok'
+        w('train', '-s', '1', *TINY, runs=tmp_path/'runs', code=1, has=f'process {holder.pid}')
+        assert not (rdir/'metadata.json').exists()
+    finally: holder.kill(); holder.wait()
+
+def test_two_identical_trains_at_once(w, tmp_path):
+    e = {**os.environ, **ENV, 'WF_RUNS_DIR': str(tmp_path/'runs')}
+    args = [bin_path('wf'), 'train', '-s', 'pretrain', *TINY, 'training.max_steps=6', f'data.source={w.root/"shards"}']
+    ps = [subprocess.Popen(args, cwd=tmp_path, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in ps]
+    codes = sorted(p.returncode for p in ps)
+    (d,) = list((tmp_path/'runs').iterdir())
+    steps = [json.loads(l)['step'] for l in (d/'metrics.jsonl').read_text().splitlines() if '"loss"' in l]
+    assert steps == [1, 2, 3, 4, 5, 6], (steps, outs)                        # every step once
+    assert codes[0] == 0 and (codes[1] == 1 or 'already COMPLETED' in ''.join(o[1] for o in outs)), (codes, outs)
+    if codes[1] == 1: assert any('being trained by process' in o[1] for o in outs), outs
+
+def test_all_checkpoints_damaged(w, tmp_path):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    run = runs/w.s2.name; m = json.loads((run/'metadata.json').read_text()); m['status'] = 'INTERRUPTED'
+    (run/'metadata.json').write_text(json.dumps(m))
+    for ck in (run/'checkpoints').glob('step_*'):
+        f = ck/'model.safetensors'; b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
+    before = tree_hash(run/'checkpoints', run/'metrics.jsonl')
+    w(*w.s2_args, runs=runs, code=2, has=['are damaged', '--skip-recovery'])
+    assert tree_hash(run/'checkpoints', run/'metrics.jsonl') == before
+
+def test_kill_before_first_checkpoint_no_duplicate_metrics(w, tmp_path):
+    e = {**os.environ, **ENV, 'WF_RUNS_DIR': str(tmp_path/'runs')}
+    args = ['train', '-s', 'pretrain', *TINY, 'training.max_steps=5', 'training.save_interval=1000', f'data.source={w.root/"shards"}']
+    p = subprocess.Popen([bin_path('wf'), *args], cwd=tmp_path, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        ms = list((tmp_path/'runs').glob('*/metrics.jsonl'))
+        if ms and ms[0].read_text().count('"loss"') >= 2: break
+        time.sleep(0.1)
+    p.kill(); p.wait()
+    r = w(*args, runs=tmp_path/'runs', code=0)
+    (d,) = list((tmp_path/'runs').iterdir())
+    steps = [json.loads(l)['step'] for l in (d/'metrics.jsonl').read_text().splitlines() if '"loss"' in l]
+    assert steps == [1, 2, 3, 4, 5], steps
+    assert 'cleared' in (d/'train.log').read_text()
+
+def test_sigterm_exits_143_and_resumes(w, tmp_path):
+    e = {**os.environ, **ENV, 'WF_RUNS_DIR': str(tmp_path/'runs')}
+    args = ['train', '-s', 'pretrain', *TINY, 'training.max_steps=400', 'training.save_interval=1000', f'data.source={w.root/"shards"}']
+    p = subprocess.Popen([bin_path('wf'), *args], cwd=tmp_path, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while time.time() - t0 < 300 and not list((tmp_path/'runs').glob('*/metrics.jsonl')): time.sleep(0.1)
+    p.send_signal(signal.SIGTERM); out, err = p.communicate(timeout=300)
+    assert p.returncode == 143, err
+    (d,) = list((tmp_path/'runs').iterdir())
+    assert json.loads((d/'metadata.json').read_text())['status'] == 'INTERRUPTED'
+
+def test_train_bad_corpus(same, tmp_path):
+    common = ['train', '-s', 'pretrain', *TINY, 'training.max_steps=1', f'data.shards_dir={tmp_path/"cache"}']
+    same(*common, f'data.source={same.root/"latin"}', runs=tmp_path/'runs', code=2, has=['byte offset', 'data.encoding=latin-1'])
+    same(*common, f'data.source={same.root/"binary"}', runs=tmp_path/'runs', code=2, has='looks binary')
+    same(*common, f'data.source={tmp_path/"nothing"}', runs=tmp_path/'runs', code=2, has='does not exist')
+
+def test_train_corrupted_shard(w, tmp_path):
+    bad = tmp_path/'shards'; shutil.copytree(w.root/'shards', bad)
+    for f in bad.glob('tokens_*.npy'): b = bytearray(f.read_bytes()); b[-2] ^= 1; f.write_bytes(bytes(b))
+    w('train', '-s', 'pretrain', *TINY, 'training.max_steps=1', f'data.source={bad}', runs=tmp_path/'runs', code=2, has='SHA-256')
+
+def test_truncated_parent_checkpoint(w, tmp_path):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    f = runs/w.s1.name/'final'/'model.safetensors'; f.write_bytes(f.read_bytes()[:1000])
+    m = json.loads((runs/w.s1.name/'metadata.json').read_text()); m['output'] = str(f.parent)   # item 8 (relative lineage) is not done:
+    (runs/w.s1.name/'metadata.json').write_text(json.dumps(m))                                  # point the copy at its own output
+    r = subprocess.run([bin_path('wf'), 'train', '-s', '2', *TINY, 'training.max_steps=3', f'data.source={w.root/"corpus"}',
+                        f'data.shards_dir={w.root/"cache"}'], cwd=w.root, capture_output=True, text=True,
+                       env={**os.environ, **ENV, 'WF_RUNS_DIR': str(runs)}, timeout=600)
+    assert r.returncode in (1, 2) and 'Traceback' not in r.stderr and r.stderr.strip().splitlines()[-1].startswith('wf train: error:'), r.stderr
+
+# ---------------------------------------------------------------- wf runs / logs / cancel
+def test_runs_with_damaged_metadata(w, tmp_path):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    (runs/w.s1.name/'metadata.json').write_text('{"status": "COMPL')
+    r = w('runs', runs=runs, code=0, has=[str(runs/w.s1.name/'metadata.json'), 'DAMAGED'])
+    assert w.s2.name in r.stdout
+
+def test_logs_with_damaged_metrics_line(w, tmp_path):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    with open(runs/w.s2.name/'metrics.jsonl', 'a') as f: f.write('{"step": 9, "lo\n')
+    w('logs', w.s2.name, runs=runs, code=0)
+    w('runs', runs=runs, code=0, has=w.s2.name)
+
+def test_logs_into_head_no_broken_pipe(w, tmp_path):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    (runs/w.s2.name/'metrics.jsonl').write_text(''.join(json.dumps({'step': i, 'loss': 1.0, 'pad': 'x' * 200}) + '\n' for i in range(3000)))
+    r = subprocess.run(f"'{bin_path('wf')}' logs {w.s2.name} -n 100000 | head -2", shell=True, cwd=w.root, capture_output=True,
+                       text=True, env={**os.environ, **ENV, 'WF_RUNS_DIR': str(runs)}, timeout=300)
+    assert 'Traceback' not in r.stderr and 'BrokenPipe' not in r.stderr and len(r.stdout.splitlines()) == 2, r.stderr
+
+@pytest.mark.parametrize('cmd', ['logs', 'cancel'])
+def test_unknown_run(same, cmd):
+    same(cmd, 'no-such-run', code=2, has='wf runs')
+
+# ---------------------------------------------------------------- wf smoke / generate / eval / export
+def test_smoke_steps_zero(same): same('smoke', '--steps', '0', code=2, has='--steps')
+def test_generate_empty_prompt(same): same('generate', same.s1.name, '--prompt', '', code=2, has='--prompt is empty')
+def test_generate_unknown_run(same): same('generate', 'no-such-run', '--prompt', 'x', code=2, has='no run')
+
+def test_eval_bad_inputs(same, tmp_path):
+    (tmp_path/'empty.jsonl').write_text('\n\n')
+    same('eval', same.s1.name, '--mc', tmp_path/'empty.jsonl', code=2, has='has no items')
+    (tmp_path/'bool.jsonl').write_text(json.dumps({'context': 'a', 'choices': [' b', ' c'], 'label': True}) + '\n')
+    same('eval', same.s1.name, '--mc', tmp_path/'bool.jsonl', code=2, has="'label' is True")
+    (tmp_path/'range.jsonl').write_text(json.dumps({'context': 'a', 'choices': [' b', ' c'], 'label': 5}) + '\n')
+    same('eval', same.s1.name, '--mc', tmp_path/'range.jsonl', code=2, has="'label' is 5")
+    (tmp_path/'broken.jsonl').write_text('{"context": \n')
+    same('eval', same.s1.name, '--mc', tmp_path/'broken.jsonl', code=2, has='not valid JSON')
+    (tmp_path/'jdir').mkdir()
+    same('eval', same.s1.name, '--json', tmp_path/'jdir', '--mc', tmp_path/'range.jsonl', code=2, has='is a folder')
+    assert not list((tmp_path/'jdir').iterdir()) and not list(tmp_path.glob('.jdir*'))
+
+def test_export_bad_inputs(same, tmp_path):
+    same('export', 'no-such-run', '--out', tmp_path/'x', code=2, has='no run')
+    same('export', same.s1.name, '--out', same.root/'mine', code=2, has='exists')
+    same('export', same.s1.name, '--format', 'onnx', '--out', tmp_path/'y', code=2, has='invalid choice')
+
+# ---------------------------------------------------------------- wf data
+def test_tokenize_never_deletes_what_it_did_not_write(same):
+    T = ['data', 'tokenize', '-m', 'tiny_llama', '--source', same.root/'corpus', '--overwrite']
+    same(*T, '--output-path', same.root/'mine', code=2, has='not a wf_nb token-shard folder')
+    same(*T, '--output-path', same.root/'corpus', code=2, has='the source')             # output == source
+    same(*T, '--output-path', same.root, code=2, has='contains the source')           # output contains source
+    same(*T, '--output-path', same.root/'corpus'/'tok', code=2, has='inside the source')
+    same('data', 'tokenize', '-m', 'tiny_llama', '--source', same.root/'corpus', '--output-path', same.root/'shards', code=2, has='already holds')
+    assert '--overwrite' in same('data', 'tokenize', '--help').stdout and 'never replaced' in same('data', 'tokenize', '--help').stdout
+
+def test_tokenize_bad_text(same, tmp_path):
+    T = ['data', 'tokenize', '-m', 'tiny_llama', '--output-path', tmp_path/'o']
+    same(*T, '--source', same.root/'latin', code=2, has=['byte offset', 'a.txt', 'latin-1'])
+    same(*T, '--source', same.root/'binary', code=2, has='looks binary')
+    same(*T, '--source', tmp_path/'nothing', code=2, has='does not exist')
+    same(*T, '--source', same.root/'latin', '--encoding', 'latin-1', code=0)                 # knowingly
+
+def test_split_and_validate(same, tmp_path):
+    S = ['data', 'split', '--data-path', same.root/'shards']
+    for bad in ('1', '1.5', '-0.1', 'nan'):
+        same(*S, '--output-path', tmp_path/f's{bad}', '--val-ratio', bad, code=2, has='must be in [0, 1)')
+    same(*S, '--output-path', tmp_path/'s0', '--val-ratio', '0', code=0)
+    assert not (tmp_path/'s0'/'val').exists() and len(list((tmp_path/'s0'/'train').glob('tokens_*'))) == len(list((same.root/'shards').glob('tokens_*')))
+    same(*S, '--output-path', same.root/'mine', code=2, has='already exists')
+    same('data', 'validate', '--data-path', tmp_path/'nothing', code=1)
+
+def test_validate_corrupted_shard(w, tmp_path):
+    bad = tmp_path/'shards'; shutil.copytree(w.root/'shards', bad)
+    f = sorted(bad.glob('tokens_*.npy'))[0]; b = bytearray(f.read_bytes()); b[-2] ^= 1; f.write_bytes(bytes(b))
+    r = subprocess.run([bin_path('wf'), 'data', 'validate', '--data-path', bad], capture_output=True, text=True, env={**os.environ, **ENV})
+    assert r.returncode == 1 and 'checksum mismatch' in r.stdout and 'Traceback' not in r.stderr, r.stdout + r.stderr
+
+# ---------------------------------------------------------------- the machine: read-only folder, disk full (tmpfs)
+def _can_mount():
+    if not shutil.which('unshare'): return False
+    r = subprocess.run(['unshare', '-rm', 'sh', '-c', 'd=$(mktemp -d) && mount -t tmpfs -o size=1m tmpfs "$d"'], capture_output=True)
+    return r.returncode == 0
+needs_mount = pytest.mark.skipif(not _can_mount(), reason='cannot mount a tmpfs here (no unprivileged user+mount namespaces)')
+
+def _in_tmpfs(w, mnt, opts, *args):
+    cmd = f"mount -t tmpfs -o {opts} tmpfs '{mnt}' && {'mkdir -p ' + repr(str(mnt/'runs')) + ' &&' if 'ro' not in opts.split(',') else ''} exec " + \
+          ' '.join(f"'{a}'" for a in [bin_path('wf'), *map(str, args)])
+    return subprocess.run(['unshare', '-rm', 'sh', '-c', cmd], cwd=w.root, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **ENV, 'WF_RUNS_DIR': str(mnt/'runs')})
+
+@needs_mount
+def test_read_only_runs_folder(w, tmp_path):
+    mnt = tmp_path/'ro'; mnt.mkdir()
+    r = _in_tmpfs(w, mnt, 'ro,size=1m', 'train', '-s', '1', *TINY)
+    assert r.returncode == 4 and 'Traceback' not in r.stderr and 'Read-only' in r.stderr.strip().splitlines()[-1], r.stderr
+
+@needs_mount
+def test_disk_full_during_checkpoint(w, tmp_path):
+    mnt = tmp_path/'full'; mnt.mkdir()
+    r = _in_tmpfs(w, mnt, 'size=60m', 'train', '-s', 'pretrain', *TINY, 'training.max_steps=50', 'training.save_interval=1',
+                  'training.keep_last=100', f'data.source={w.root/"shards"}')
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''
+    assert r.returncode == 4 and 'Traceback' not in r.stderr and 'no space left on device' in last, r.stderr[-3000:]
+
+@needs_mount
+def test_disk_full_during_tokenize(w, tmp_path):
+    mnt = tmp_path/'full2'; mnt.mkdir()
+    cmd = (f"mount -t tmpfs -o size=12k tmpfs '{mnt}' && exec '{bin_path('wf')}' data tokenize -m tiny_llama --source "
+           f"'{w.root/'corpus'}' --output-path '{mnt/'tok'}'")
+    r = subprocess.run(['unshare', '-rm', 'sh', '-c', cmd], cwd=w.root, capture_output=True, text=True, timeout=600, env={**os.environ, **ENV})
+    assert r.returncode == 4 and 'Traceback' not in r.stderr and 'no space left' in r.stderr, r.stderr[-3000:]
