@@ -105,6 +105,7 @@ class QuantConfig:
     "The 1.58-bit conversion: BitLinear everywhere but embeddings/lm_head, SubLN placement, lambda warmup."
     enabled: bool = True                # false: a full-precision control arm (BitLinear at lambda 0, saved so)
     placement: str = 'paper'            # paper (norm before o_proj/down_proj) | allnorm (before every BitLinear) | none
+    subln_init: str = 'calibrated'      # inserted norms start at: calibrated (their input's RMS in the FP model) | ones (the paper)
     warmup_steps: int = 0               # lambda ramps 0 -> 1 over the lineage's first N quantized steps (0 = fully quantized)
     haar: bool = False                  # Haar-wavelet activations (ablation)
     act_bits: int = 8
@@ -319,7 +320,7 @@ def check_ranges(cfg, ranges=RANGES):
 CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.dtype': ('float32','bfloat16'),
            'data.tokenize': ('upfront','on_the_fly'), 'model.rope_extension': ('ntk','linear','none'), 'training.schedule': ('cosine','linear','wsd','constant'),
            'training.optimizer': ('adamw','muon','sgd'), 'training.precision': ('fp32','bf16'),
-           'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'),
+           'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'), 'quant.subln_init': ('calibrated','ones'),
            'logging.wandb_mode': ('','online','offline','disabled'),
            'distributed.scale': ('single','small','medium','large'), 'distributed.strategy': ('ddp','fsdp')}
 
@@ -343,8 +344,8 @@ def validate(cfg: WFConfig) -> WFConfig:
 # Per-stage defaults, applied right after `stage=` and before any other preset or override. The Stage 1.9 / 2 values
 # are the recipe measured in tests/benchmarks/bench_quality.py (see 07_stages).
 STAGE_DEFAULTS: dict[str, list[str]] = {
-    '1.9': ['training.lr=5e-4', 'training.warmup_steps=10', 'distill.kd_weight=1.0', 'distill.layerwise_weight=1.0'],
-    '2': ['training.lr=5e-4', 'training.warmup_steps=10', 'distill.kd_weight=1.0'],
+    '1.9': ['training.lr=1e-3', 'training.warmup_steps=10', 'distill.ce_weight=0.0', 'distill.kd_weight=1.0', 'distill.layerwise_weight=1.0'],
+    '2': ['training.lr=1e-3', 'training.warmup_steps=10', 'distill.ce_weight=0.0', 'distill.kd_weight=1.0'],
 }
 
 def get_config(overrides=(), stage=None, model=None, base: WFConfig | None = None) -> WFConfig:

@@ -18,8 +18,8 @@ from .quant import BitLinear, bitlinears, set_lambda, quant_state, record_quant_
 
 # %% auto #0
 __all__ = ['SUBLN_ALLNORM_EPS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config', 'WFQwen3ForCausalLM', 'WFBitNetConfig',
-           'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG', 'ternarize_', 'convert', 'save_model', 'load',
-           'heldout_ids', 'compare_logits', 'conversion_report', 'run_stage1']
+           'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG', 'ternarize_', 'convert', 'calibrate_sublns',
+           'save_model', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits', 'conversion_report', 'run_stage1']
 
 # %% ../nbs/03_convert.ipynb #9ee5e681
 SUBLN_ALLNORM_EPS = 1e-8
@@ -128,6 +128,30 @@ def convert(fp_model: nn.Module, quant_cfg: QuantConfig | None = None) -> nn.Mod
     if cfg.tie_word_embeddings: assert student.lm_head.weight is student.model.embed_tokens.weight
     return student.train(fp_model.training)
 
+# %% ../nbs/03_convert.ipynb #c23a432a
+@torch.no_grad()
+def calibrate_sublns(student: nn.Module, fp_model: nn.Module, ids: torch.Tensor) -> dict:
+    "Set every inserted norm's weight to the mean per-token RMS of its input in `fp_model` on `ids`; returns `{name: rms}`."
+    fp_lin = {n: m for n, m in fp_model.named_modules() if isinstance(m, nn.Linear)}
+    targets = {}   # student norm weight -> name of the FP linear whose input it normalizes
+    for n, m in bitlinears(student):
+        if m.rms_norm is not None and n in fp_lin: targets[n] = (m.rms_norm.weight, n)
+    for i, layer in enumerate(getattr(getattr(student, 'model', None), 'layers', [])):   # BitNet-native sub-norms
+        for sub, norm, lin in (('self_attn', 'attn_sub_norm', 'o_proj'), ('mlp', 'ffn_sub_norm', 'down_proj')):
+            w = getattr(getattr(getattr(layer, sub, None), norm, None), 'weight', None)
+            if w is not None: targets[f'model.layers.{i}.{sub}.{norm}'] = (w, f'model.layers.{i}.{sub}.{lin}')
+    need = {lin for _, lin in targets.values()}
+    rms, hooks = {}, []
+    def hook(name):
+        def f(mod, args): rms[name] = args[0].float().pow(2).mean(-1).sqrt().mean().item()
+        return f
+    for name in need: hooks.append(fp_lin[name].register_forward_pre_hook(hook(name)))
+    try: fp_model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks: h.remove()
+    for key, (w, lin) in targets.items(): w.fill_(rms[lin])
+    return {k: rms[lin] for k, (w, lin) in targets.items()}
+
 # %% ../nbs/03_convert.ipynb #e92a6f8b
 BITNET_QUANT_CONFIG = {'quant_method': 'bitnet', 'linear_class': 'autobitlinear', 'quantization_mode': 'online',
                        'modules_to_not_convert': ['lm_head'], 'use_rms_norm': False, 'rms_norm_eps': 1e-6}
@@ -214,6 +238,17 @@ def heldout_ids(tokenizer, n_seq: int = 8, seq_len: int = 256, texts=None) -> to
     if len(rows) < n_seq: raise ValueError(f"only {len(rows)} held-out sequences of {seq_len} tokens available")
     return torch.tensor(rows)
 
+def calibration_ids(tokenizer, n_seq: int = 4, seq_len: int = 256, texts=None) -> torch.Tensor:
+    "`[n_seq, seq_len]` token ids from the middles of `texts` (default Shakespeare), apart from the held-out ends."
+    from wf_nb.assets import shakespeare_files
+    rows = []
+    for f in list(texts or shakespeare_files()):
+        text = _text_of(f); mid = len(text) // 2
+        ids = tokenizer(text[mid:mid + 20 * seq_len]).input_ids[:seq_len]
+        if len(ids) == seq_len: rows.append(ids)
+        if len(rows) == n_seq: break
+    return torch.tensor(rows)
+
 @torch.no_grad()
 def compare_logits(models: dict, ids: torch.Tensor, ref: str = 'fp') -> list[dict]:
     "Per model: perplexity on `ids`, mean logit cosine and top-1 agreement vs `models[ref]` (one sequence at a time)."
@@ -254,6 +289,8 @@ def run_stage1(cfg: WFConfig, out_dir, overwrite: bool = False, n_seq: int = 8, 
     fp = load_fp_model(cfg.model, seed=cfg.training.seed)
     tok = load_tokenizer(cfg.model)
     student = convert(fp, cfg.quant)
+    if cfg.quant.subln_init == 'calibrated' and cfg.quant.placement != 'none':
+        calibrate_sublns(student, fp, calibration_ids(tok))
     placements = tuple(dict.fromkeys(['none', cfg.quant.placement]))
     rep = conversion_report(fp, tok, quant_cfg=cfg.quant, n_seq=n_seq, seq_len=seq_len, placements=placements,
                             student=student)
