@@ -51,6 +51,9 @@ def run(cmd, run_dir, batch, *extra, check=True, timeout=240):
 def losses(run_dir):
     return {r['step']: r['loss'] for r in map(json.loads, Path(run_dir, 'metrics.jsonl').read_text().splitlines()) if 'loss' in r}
 
+def accuracies(run_dir):
+    return {r['step']: r['accuracy'] for r in map(json.loads, Path(run_dir, 'metrics.jsonl').read_text().splitlines()) if 'accuracy' in r}
+
 def assert_close(a: dict, b: dict, tol=TOL):
     assert list(a) == list(b), (list(a), list(b))
     bad = {k: (a[k], b[k]) for k in a if abs(a[k] - b[k]) > tol * max(1.0, abs(b[k]))}
@@ -79,6 +82,8 @@ def test_two_processes_match_one(runs):
     a, b = losses(runs['dir']/'two'), losses(runs['dir']/'one')
     assert_close(a, b)
     assert b[STEPS] < b[1] - 0.5, b                                                  # it trains: the losses move
+    # every logged term is reduced across ranks, not rank 0's share (here the token accuracy: global counts)
+    assert_close(accuracies(runs['dir']/'two'), accuracies(runs['dir']/'one'), tol=0.02)   # a rare argmax flip at most
 
 def test_killed_run_resumes(runs):
     assert runs['killed_rc'] != 0

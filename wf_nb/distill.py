@@ -91,7 +91,7 @@ def kd_loss(student_logits, teacher_logits, mask=None, T: float = 1.0, labels=No
 
 # %% ../nbs/05_distill.ipynb #bdb9e572
 def layerwise_loss(student_hidden, teacher_hidden, mask=None, skip_first: bool = True):
-    "Mean over layers and real tokens of `||normalize(h_s) - normalize(h_t)||^2` summed over the hidden dim (= 2 - 2cos)."
+    "Sum over layers of the mean over real tokens of `||normalize(h_s) - normalize(h_t)||^2` summed over the hidden dim (= 2 - 2cos)."
     hs = list(student_hidden)[1 if skip_first else 0:]
     ht = list(teacher_hidden)[1 if skip_first else 0:]
     if len(hs) != len(ht):
@@ -102,7 +102,7 @@ def layerwise_loss(student_hidden, teacher_hidden, mask=None, skip_first: bool =
     for a, b in zip(hs, ht):
         d = (F.normalize(a.float(), dim=-1) - F.normalize(b.detach().float(), dim=-1)).pow(2).sum(-1)   # [B, S]
         total = total + (d * m).sum() / n
-    return total / len(hs)
+    return total
 
 # %% ../nbs/05_distill.ipynb #5117c0ce
 def layerwise_weight_at(step: int, max_steps: int, w0: float = 1.0, schedule: str = 'cosine') -> float:

@@ -18,6 +18,7 @@ Arms (each in its own process, `--parallel` at a time):
 
     python tests/benchmarks/bench_quality.py [--tokens 153600] [--arms fp,ptq,naive_qat,wf_pipeline] [--parallel 2]
                                              [--out bench_quality_out] [--eval-tokens 16000]
+    python tests/benchmarks/bench_quality.py --grad-scale     # gradient norm of each loss term (a minute)
 
 Prints one row per arm: perplexity per held-out source, the ratio to naive QAT, wall time and student tokens/s. Runs
 resume by fingerprint (the wf arm) and each finished arm's JSON is reused, so an interrupted benchmark continues.
@@ -113,6 +114,31 @@ def run_arm(arm: str, a) -> dict:
     return {'arm': arm, **res, 'train_s': train_s, 'tokens': trained, 'tokens_per_s': trained / train_s if trained else None,
             'eval_s': time.time() - t0 - train_s, 'command': ' '.join(cmd), 'threads': torch.get_num_threads()}
 
+def grad_scale():
+    "Gradient norm of each Stage-1.9 / 2 term on the real Stage-1 student, one 4 x 128 Shakespeare batch (issue 12, item 1)."
+    import torch, torch.nn.functional as F
+    from wf_nb.assets import load_fp_model, load_tokenizer
+    from wf_nb.config import QuantConfig
+    from wf_nb.convert import convert
+    from wf_nb.data import get_data
+    from wf_nb.distill import lm_loss, kd_loss, layerwise_loss
+    cfg = cfg_for(); tok = load_tokenizer(cfg.model)
+    t = load_fp_model(cfg.model).eval(); s = convert(load_fp_model(cfg.model), QuantConfig()).train()
+    b = next(get_data(cfg, tok, 'train', verbose=False))
+    with torch.no_grad(): to = t(input_ids=b['input_ids'], output_hidden_states=True, use_cache=False)
+    def old_layerwise(hs, ht):   # the version issue 12 found inert: a mean over the hidden dim, depth-weighted
+        hs, ht = hs[1:], ht[1:]; L = len(hs)
+        return sum((i + 1) / (L * (L + 1) / 2) * (F.normalize(x.float(), dim=-1) - F.normalize(y.float(), dim=-1)).pow(2).mean(-1).mean()
+                   for i, (x, y) in enumerate(zip(hs, ht)))
+    terms = {'CE': lambda o: lm_loss(o.logits, b['labels'])['loss'], 'KD (T=1)': lambda o: kd_loss(o.logits, to.logits, None, 1.0),
+             'layer-wise (sum over layers of 2-2cos)': lambda o: layerwise_loss(o.hidden_states, to.hidden_states),
+             'layer-wise, old (mean over d, depth-weighted)': lambda o: old_layerwise(o.hidden_states, to.hidden_states)}
+    print('| term | value | gradient norm |\n|---|---|---|')
+    for name, f in terms.items():
+        s.zero_grad(); v = f(s(input_ids=b['input_ids'], output_hidden_states=True, use_cache=False)); v.backward()
+        g = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in s.parameters() if p.grad is not None)).item()
+        print(f'| {name} | {v.item():.4g} | {g:.4g} |', flush=True)
+
 def table(rows: list[dict]) -> str:
     srcs = [k for k in ('shakespeare', 'bible_kjv', 'licenses') if any(k in r for r in rows)]
     base = next((r for r in rows if r['arm'] == 'naive_qat'), None)
@@ -130,7 +156,9 @@ def main():
     ap.add_argument('--parallel', type=int, default=2); ap.add_argument('--out', default='bench_quality_out')
     ap.add_argument('--eval-tokens', type=int, default=16_000); ap.add_argument('--wf-args', default='')
     ap.add_argument('--one', metavar='ARM', help=argparse.SUPPRESS)
+    ap.add_argument('--grad-scale', action='store_true', help='print the gradient norm of each loss term and exit')
     a = ap.parse_args()
+    if a.grad_scale: return grad_scale()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     if a.one:
         res = run_arm(a.one, a)

@@ -1,7 +1,7 @@
 """Soak test: N random SIGKILLs during a tiny real run (save_interval=1), each followed by the same command, which
 must resume; at the end the weights and the per-step metrics must equal an uninterrupted run's.
 
-    python tests/benchmarks/soak_kill.py --kills 3            # prints a table; exit 1 on any mismatch
+    python tests/benchmarks/soak_kill.py [--kills 20] [--steps 40]   # prints a table; exit 1 on any mismatch
 
 Each kill lands at a random moment; it is classed by what the run was doing: start-up (no step logged yet by this
 attempt), during save (a temporary checkpoint folder exists), or mid-step."""
@@ -26,7 +26,7 @@ def weights_hash(d):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--kills', type=int, default=3); ap.add_argument('--steps', type=int, default=12)
+    ap.add_argument('--kills', type=int, default=20); ap.add_argument('--steps', type=int, default=40)
     ap.add_argument('--seed', type=int, default=0); ap.add_argument('--max-delay', type=float, default=25.0)
     a = ap.parse_args()
     rng = random.Random(a.seed)
@@ -47,11 +47,13 @@ def main():
     while killed < a.kills:
         before = len(losses(run_dir(runs))) if runs.exists() and any(runs.iterdir()) else 0
         p = subprocess.Popen([WF, *args], cwd=root, env=env(runs), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        delay = rng.uniform(0.5, min(a.max_delay, one_run))
+        left = 1 - before / a.steps   # the later the run, the less time it has left before it completes
+        delay = rng.uniform(0.3, max(0.6, min(a.max_delay, one_run * left)))
         t = time.time()
         while time.time() - t < delay and p.poll() is None: time.sleep(0.02)
-        if p.poll() is not None:   # finished before the kill: start over with a shorter delay next time
+        if p.poll() is not None:   # it completed before the kill: nothing left to kill (use more --steps)
             if p.returncode != 0: print(p.stderr.read()[-2000:]); sys.exit(1)
+            print(f"the run completed after {killed} kills; use more --steps for {a.kills}", file=sys.stderr)
             break
         d = run_dir(runs) if runs.exists() and any(runs.iterdir()) else None
         saving = bool(d and list((d/'checkpoints').glob('.step_*'))) if d else False
@@ -65,10 +67,10 @@ def main():
         d = run_dir(runs)
         if json.loads((d/'metadata.json').read_text())['status'] == 'COMPLETED': break
     log = (d/'train.log').read_text()
-    resumes = log.count('resumed from step_') + log.count('restarting run')
+    resumes = log.count('resumed from step_')   # starts that loaded a checkpoint (a kill before the first save restarts)
     got = losses(d)
     same_w, same_m = weights_hash(d) == ref_w, got == ref_loss
-    print(f"| kills | start-up | mid-step | during save | resumed (log) | identical final weights | identical metrics |")
+    print(f"| kills | start-up | mid-step | during save | resumed from a checkpoint | identical final weights | identical metrics |")
     print(f"|---|---|---|---|---|---|---|")
     print(f"| {killed} | {kinds['start-up']} | {kinds['mid-step']} | {kinds['during save']} | {resumes} | {same_w} | {same_m} |")
     print(f"(uninterrupted run {one_run:.0f}s, {a.steps} steps, save_interval=1; seed {a.seed}; folder {root})")
