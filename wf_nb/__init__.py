@@ -9,7 +9,10 @@ __all__ = ['load', 'get_config', 'run_stage']
 __version__ = "0.1.0"
 
 def load(path, **kwargs):
-    "Any checkpoint wf_nb wrote (or a plain HF checkpoint dir), as the model wf_nb trains. See `wf_nb.convert.load`."
+    """Any checkpoint wf_nb wrote (or a plain HF checkpoint dir): a training checkpoint as the model wf_nb trains
+    (`wf_nb.convert.load`), a packed export (`hf-bitnet`, `wf-packed`) as its packed inference model (`wf_nb.export.load_packed`)."""
+    from wf_nb.export import is_packed_dir, load_packed
+    if is_packed_dir(path): return load_packed(path, **kwargs)
     from wf_nb.convert import load as _load
     return _load(path, **kwargs)
 
