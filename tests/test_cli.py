@@ -152,6 +152,6 @@ def test_pipeline_runs_stages_on_one_budget(wf, tmp_path):
 def test_soak_kill_short():
     "The soak benchmark's short version (issue 13): random SIGKILLs, each resumed; final weights and metrics as uninterrupted."
     root = Path(__file__).resolve().parent
-    r = subprocess.run([sys.executable, str(root / 'benchmarks' / 'soak_kill.py'), '--kills', '3', '--steps', '16'],
+    r = subprocess.run([sys.executable, str(root / 'benchmarks' / 'soak_kill.py'), '--kills', '3', '--steps', '60'],
                        capture_output=True, text=True, timeout=900, env={**os.environ, **ENV})
     assert r.returncode == 0 and '| True | True |' in r.stdout, r.stdout + r.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Soak test: N random SIGKILLs during a tiny real run (save_interval=1), each followed by the same command, which
 must resume; at the end the weights and the per-step metrics must equal an uninterrupted run's.
 
-    python tests/benchmarks/soak_kill.py [--kills 20] [--steps 40]   # prints a table; exit 1 on any mismatch
+    python tests/benchmarks/soak_kill.py [--kills 20] [--steps 200]   # prints a table; exit 1 on any mismatch
 
 Each kill lands at a random moment; it is classed by what the run was doing: start-up (no step logged yet by this
 attempt), during save (a temporary checkpoint folder exists), or mid-step."""
@@ -26,7 +26,7 @@ def weights_hash(d):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--kills', type=int, default=20); ap.add_argument('--steps', type=int, default=40)
+    ap.add_argument('--kills', type=int, default=20); ap.add_argument('--steps', type=int, default=200)
     ap.add_argument('--seed', type=int, default=0); ap.add_argument('--max-delay', type=float, default=25.0)
     a = ap.parse_args()
     rng = random.Random(a.seed)
@@ -41,6 +41,8 @@ def main():
     subprocess.run([WF, *args], cwd=root, env=env(root/'ref'), check=True, capture_output=True)
     ref_dir = run_dir(root/'ref'); ref_loss, ref_w = losses(ref_dir), weights_hash(ref_dir)
     one_run = time.time() - t0
+    times = [r['time'] for r in metric_rows(ref_dir) if 'loss' in r]
+    startup, train_time = times[0] - t0, times[-1] - times[0]   # process start to first step; the steps themselves
     kinds = {'start-up': 0, 'mid-step': 0, 'during save': 0}
     resumed, killed = 0, 0
     runs = root/'soak'
@@ -48,7 +50,9 @@ def main():
         before = len(losses(run_dir(runs))) if runs.exists() and any(runs.iterdir()) else 0
         p = subprocess.Popen([WF, *args], cwd=root, env=env(runs), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         left = 1 - before / a.steps   # the later the run, the less time it has left before it completes
-        delay = rng.uniform(0.3, max(0.6, min(a.max_delay, one_run * left)))
+        if rng.random() < 0.2: delay = rng.uniform(0.2, 1.0) * startup            # a kill while it starts up
+        else: delay = startup + rng.uniform(0.0, min(a.max_delay, train_time * left))   # while it trains (or saves)
+        t_kill0 = time.time()
         t = time.time()
         while time.time() - t < delay and p.poll() is None: time.sleep(0.02)
         if p.poll() is not None:   # it completed before the kill: nothing left to kill (use more --steps)
@@ -56,7 +60,7 @@ def main():
             print(f"the run completed after {killed} kills; use more --steps for {a.kills}", file=sys.stderr)
             break
         d = run_dir(runs) if runs.exists() and any(runs.iterdir()) else None
-        saving = bool(d and list((d/'checkpoints').glob('.step_*'))) if d else False
+        saving = bool(d and [q for q in (d/'checkpoints').glob('.step_*') if q.stat().st_mtime >= t_kill0]) if d else False
         now = len(losses(d)) if d else 0
         p.kill(); p.wait(); killed += 1
         kinds['during save' if saving else 'mid-step' if now > before else 'start-up'] += 1
