@@ -51,7 +51,8 @@ def main():
         p = subprocess.Popen([WF, *args], cwd=root, env=env(runs), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         left = 1 - before / a.steps   # the later the run, the less time it has left before it completes
         if rng.random() < 0.2: delay = rng.uniform(0.2, 1.0) * startup            # a kill while it starts up
-        else: delay = startup + rng.uniform(0.0, min(a.max_delay, train_time * left))   # while it trains (or saves)
+        else:   # while it trains (or saves): on average 1/(kills left) of the remaining steps, so every kill lands
+            delay = startup + rng.uniform(0.0, min(a.max_delay, 2 * train_time * left / max(1, a.kills - killed)))
         t_kill0 = time.time()
         t = time.time()
         while time.time() - t < delay and p.poll() is None: time.sleep(0.02)
