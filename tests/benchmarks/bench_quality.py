@@ -65,15 +65,7 @@ def evaluate(model, max_tokens: int) -> dict:
         res['shakespeare'] = math.exp(nll / n)
     return res
 
-def hf_bitnet(model):
-    "transformers' own online ternary QAT layer (AutoBitLinear) in every linear but lm_head: no SubLN, no distillation."
-    from transformers.integrations.bitnet import replace_with_bitnet_linear
-    from transformers import BitNetQuantConfig
-    sd = model.state_dict()
-    replace_with_bitnet_linear(model, modules_to_not_convert=['lm_head'],
-                               quantization_config=BitNetQuantConfig(linear_class='autobitlinear', quantization_mode='online'))
-    model.load_state_dict(sd, assign=True, strict=True); model.tie_weights()
-    return model
+from bench_train import hf_bitnet   # transformers' AutoBitLinear (online) in every linear but lm_head: the naive QAT layer
 
 def naive_qat(model, tokens: int, lr=1e-4, warmup=20):
     "A plain AdamW loop on the same Shakespeare batches wf_nb trains on (bf16 autocast)."
