@@ -145,7 +145,8 @@ def test_pipeline_runs_stages_on_one_budget(wf, tmp_path):
     runs = tmp_path / 'runs'
     s19, s2 = only_run(runs, '1.9'), only_run(runs, '2')
     assert len([m for m in metrics(s19) if 'loss' in m]) == 2 and len([m for m in metrics(s2) if 'loss' in m]) == 2
-    assert json.loads((s2 / 'metadata.json').read_text())['lineage']['parent_output'] == str(s19 / 'final')
+    lin = json.loads((s2 / 'metadata.json').read_text())['lineage']
+    assert lin['parent_output'] == f'{s19.name}/final' and lin['parent_run'] == s19.name and len(lin['parent_sha256']) == 64
     again = wf(*args, env=ENV)                                    # nothing retrained
     assert again.stderr.count('already completed') + again.stdout.count('already completed') == 2
 

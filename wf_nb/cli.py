@@ -110,9 +110,9 @@ def resolve_checkpoint(ref: str, runs_dir=None) -> Path:
     "A checkpoint directory from a run id/prefix, a run directory, or a checkpoint directory."
     p = Path(ref)
     if (p/'config.json').exists(): return p
-    from wf_nb.runs import get_run, Run
+    from wf_nb.runs import get_run, Run, run_output
     run = Run(p) if (p/'metadata.json').exists() else get_run(ref, runs_dir)
-    out = Path(run.meta().get('output') or run.output)
+    out = run_output(run)
     if not (out/'config.json').exists():
         raise FileNotFoundError(f"run {run.id} has no output checkpoint yet (status {run.status}); finish or resume it with `wf train`")
     return out
@@ -255,9 +255,11 @@ def _dispatch(a):
         return _train_exit(res)
     if a.cmd == 'pipeline':
         from wf_nb.stages import run_pipeline
+        from wf_nb.train import _Stop
+        _Stop.last_signal = None
         res = run_pipeline(a.model, a.overrides, tokens=a.tokens, split=a.split, runs_dir=a.runs_dir, out=a.out)
         print(f"wf pipeline: {res['status']}; output {res.get('output')}")
-        return 0 if res['status'] in ('COMPLETED', 'INTERRUPTED') else 1
+        return _train_exit(res)   # a signal or the budget stops the pipeline as it stops `wf train`
     if a.cmd == 'smoke':
         from wf_nb.stages import smoke
         res = smoke(runs_dir=a.runs_dir, steps=a.steps, overrides=a.overrides)

@@ -189,7 +189,11 @@ def _read_state_dict(path: Path) -> dict:
     files = sorted(path.glob('*.safetensors'))
     if not files: raise FileNotFoundError(f"no *.safetensors weights in {path}")
     sd = {}
-    for f in files: sd.update(load_file(f))
+    for f in files:
+        try: sd.update(load_file(f))
+        except Exception as e:   # a truncated or overwritten file: say which one, not safetensors' header error alone
+            raise ValueError(f"{f} is damaged or truncated ({type(e).__name__}: {str(e)[:120]}); "
+                             f"run the stage or export that wrote it again") from e
     return sd
 
 def load(path, dtype=None) -> nn.Module:

@@ -135,7 +135,7 @@ def _mc_rows(mc) -> list[dict]:
     for i, r in enumerate(rows, 1):
         if not {'context', 'choices', 'label'} <= set(r) or not isinstance(r['choices'], list) or not r['choices']:
             raise TaskFormatError(f"multiple-choice item {i}: expected {{'context': str, 'choices': [str, ...], 'label': int}}, got keys {sorted(r)}")
-        if not (isinstance(r['label'], int) and 0 <= r['label'] < len(r['choices'])):
+        if isinstance(r['label'], bool) or not (isinstance(r['label'], int) and 0 <= r['label'] < len(r['choices'])):   # True is an int
             raise TaskFormatError(f"multiple-choice item {i}: label {r['label']!r} is not an index into its {len(r['choices'])} choices")
     return rows
 

@@ -12,7 +12,8 @@ from .train import atomic_write_text
 
 # %% auto #0
 __all__ = ['STATUSES', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
-           'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'repair_metrics', 'open_run', 'finish_run',
+           'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path', 'run_output',
+           'weights_digest', 'lineage_of', 'lineage_parent', 'check_parent', 'repair_metrics', 'open_run', 'finish_run',
            'copy_output', 'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
 
 # %% ../nbs/06a_runs.ipynb #b4469970
@@ -159,6 +160,53 @@ def lock_holder(run_dir):
     except BlockingIOError: return _lock_pid(run_dir, tries=1) or '?'
     finally: os.close(fd)
 
+# %% ../nbs/06a_runs.ipynb #36c2a39f
+def portable_path(path, base) -> str:
+    "`path` relative to `base` when inside it (so it survives moving `base`), else absolute."
+    p, b = Path(path).resolve(), Path(base).resolve()
+    return str(p.relative_to(b)) if p.is_relative_to(b) else str(p)
+
+def run_output(run: Run) -> Path:
+    "A run's output directory, resolved in the run folder where it lies now (older runs stored absolute paths)."
+    o = run.meta().get('output')
+    if not o: return run.output
+    p = Path(o)
+    if not p.is_absolute(): return run.dir/p
+    return run.output if not p.exists() and p.name == 'final' and run.output.exists() else p
+
+def weights_digest(model_dir) -> str:
+    "SHA-256 over a checkpoint directory's weight files (name and bytes), in name order."
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob('*.safetensors')):
+        h.update(f.name.encode())
+        with open(f, 'rb') as fh:
+            for block in iter(lambda: fh.read(1 << 20), b''): h.update(block)
+    return h.hexdigest()
+
+def lineage_of(parent_output, runs_dir, parent: Run | None = None) -> dict:
+    "The lineage record of a stage that starts from `parent_output` (the output of `parent`, when it is a run)."
+    d = {'parent_output': portable_path(parent_output, runs_dir), 'parent_sha256': weights_digest(parent_output)}
+    if parent is None and (Path(parent_output).parent/'metadata.json').is_file(): parent = Run(Path(parent_output).parent)  # a run's output
+    if parent is not None:
+        m = parent.meta()
+        d.update(parent_run=parent.id, parent_stage=m.get('stage'), parent_fingerprint=m.get('fingerprint'))
+    return d
+
+def lineage_parent(lineage: dict, runs_dir) -> Path:
+    "The parent output a lineage record names, resolved against the runs folder it is in now."
+    p = Path(lineage['parent_output'])
+    return p if p.is_absolute() else Path(runs_dir)/p
+
+def check_parent(run: Run, lineage: dict | None):
+    "Refuse to resume `run` from a parent whose weights differ from those it started from."
+    old = run.meta().get('lineage') or {}
+    a, b = old.get('parent_sha256'), (lineage or {}).get('parent_sha256')
+    if a and b and a != b:
+        raise RunExistsError(f"run {run.id} started from {old.get('parent_output')} with weights sha256 {a[:12]}, but the parent "
+                             f"{lineage.get('parent_output')} now has sha256 {b[:12]}: its checkpoints belong to other weights. "
+                             f"Use --skip-recovery to train a fresh run from the new parent", run, run.status)
+
 # %% ../nbs/06a_runs.ipynb #beaaed1c
 def repair_metrics(run: Run, log=None) -> int:
     "Drop lines of metrics.jsonl that are not JSON objects (a write cut by SIGKILL, a hand edit); return how many."
@@ -205,7 +253,7 @@ def open_run(cfg: WFConfig, runs_dir=None, skip_recovery=False, lineage: dict | 
         m = run.meta(); st = m.get('status', '')
         if m:
             if st == 'COMPLETED':
-                raise RunExistsError(f"run {rid} already COMPLETED (output: {m.get('output') or run.output}); nothing to do. "
+                raise RunExistsError(f"run {rid} already COMPLETED (output: {run_output(run)}); nothing to do. "
                                      f"Use --skip-recovery to train a fresh run, or change the config.", run, st)
             if st == 'RUNNING' and (not fresh_lock or m.get('host') not in (None, socket.gethostname())):
                 raise RunExistsError(f"run {rid} is RUNNING in process {m.get('pid')} on {m.get('host')}; `wf cancel {rid}` to stop it", run, st)
@@ -214,6 +262,7 @@ def open_run(cfg: WFConfig, runs_dir=None, skip_recovery=False, lineage: dict | 
                 run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], stage=cfg.stage, model=cfg.model.name,
                            created=_now(), lineage=lineage or {})
                 run.log(f"{run.meta_path} was damaged: kept as metadata.json.damaged and rebuilt")
+            check_parent(run, lineage)
             repair_metrics(run)
             _check_resumable(run)
             run.update(status='RUNNING', pid=os.getpid(), host=socket.gethostname(), resumed=run.meta().get('resumed', 0) + 1)
@@ -237,7 +286,7 @@ def finish_run(run: Run, status: str, **kw):
 
 def copy_output(run: Run, out) -> Path:
     "Copy a finished run's output checkpoint to a new directory `out` (atomically; an existing `out` is refused)."
-    src, out = Path(run.meta().get('output') or run.output), Path(out)
+    src, out = run_output(run), Path(out)
     if out.exists(): raise FileExistsError(f"--out {out} already exists; refusing to overwrite it. Choose a new directory.")
     if not (src/'config.json').exists():
         raise FileNotFoundError(f"run {run.id} is COMPLETED but its output {src} is missing; `--skip-recovery` trains it again")

@@ -8,7 +8,8 @@ import copy, json, math, os, time
 from pathlib import Path
 import torch
 from .config import WFConfig, get_config, save_yaml
-from .runs import Run, open_run, finish_run, find_runs, RunExistsError, default_runs_dir
+from .runs import (Run, open_run, finish_run, find_runs, RunExistsError, default_runs_dir, run_output, portable_path,
+                         lineage_of, lineage_parent)
 from .train import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp
 from .quant import bitlinears
 
@@ -29,8 +30,6 @@ def find_parent(cfg: WFConfig, runs_dir=None) -> Run | None:
         runs = find_runs(runs_dir, stage=st, **lineage_key(cfg))
         if runs: return runs[0]
     return None
-
-def _output(run: Run) -> Path: return Path(run.meta().get('output') or run.output)
 
 # %% ../nbs/07_stages.ipynb #053f33ca
 def _fwd_kw(batch):
@@ -128,7 +127,7 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
     cfg = copy.deepcopy(cfg)
     acc = _accelerator(cfg)
     if not acc.is_main_process: log = lambda *a, **k: None   # one voice per run
-    lineage, parent_path = {}, None
+    lineage, parent_path, parent = {}, None, None
     if cfg.stage in PARENTS:
         if cfg.training.checkpoint_path: parent_path = Path(cfg.training.checkpoint_path)
         else:
@@ -140,17 +139,19 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
                 res = run_stage(pre, runs_dir, log=log)
                 if res['status'] != 'COMPLETED': return res
                 parent = find_parent(cfg, runs_dir)
-            parent_path = _output(parent)
-            lineage = {'parent_run': parent.id, 'parent_stage': parent.meta().get('stage')}
-        lineage['parent_output'] = str(parent_path)
-    elif cfg.training.checkpoint_path:
-        parent_path = Path(cfg.training.checkpoint_path); lineage = {'parent_output': str(parent_path)}
+            parent_path = run_output(parent)
+    elif cfg.training.checkpoint_path: parent_path = Path(cfg.training.checkpoint_path)
+    if parent_path is not None:
+        if not (parent_path/'config.json').is_file():
+            raise FileNotFoundError(f"the parent checkpoint {parent_path} has no config.json: it is not a model directory wf_nb wrote. "
+                                    f"Point training.checkpoint_path at one, or run the parent stage again")
+        if acc.is_main_process: lineage = lineage_of(parent_path, runs_dir, parent)   # relative to the runs folder + sha256
     if out and Path(out).exists():
         raise FileExistsError(f"--out {out} already exists; refusing to overwrite it. Choose a new directory or remove it.")
     run = _open(cfg, acc, runs_dir, skip_recovery, lineage)
     out_dir = Path(out) if out else run.output
     if acc.is_main_process:
-        run.update(output=str(out_dir)); run.log(f"stage {cfg.stage} of {cfg.model.name}: run {run.id}" + (f", from {parent_path}" if parent_path else ''))
+        run.update(output=portable_path(out_dir, run.dir)); run.log(f"stage {cfg.stage} of {cfg.model.name}: run {run.id}" + (f", from {parent_path}" if parent_path else ''))
     try:
         res = _run(cfg, run, acc, parent_path, out_dir, log)
     except BaseException as e:
@@ -230,7 +231,7 @@ def _sft_teacher(cfg, runs_dir) -> Path:
         raise FileNotFoundError(f"Stage 3 needs a task-fine-tuned FP teacher (FP16-SFT), and no completed `sft` run of "
                                 f"{cfg.model.name} on task {cfg.data.task!r} exists. Run `wf train -m {cfg.model.name} -s sft "
                                 f"data.task={cfg.data.task}` first, or pass distill.teacher=DIR.")
-    return _output(runs[0])
+    return run_output(runs[0])
 
 # %% ../nbs/07_stages.ipynb #614b6263
 PIPELINE_SPLIT = 0.0   # Stage 1.9's share of the student tokens: measured, the layer-wise term does not pay at CPU budgets (see the recipe)
@@ -240,7 +241,7 @@ def _completed_output(cfg, runs_dir) -> Path | None:
     from wf_nb.config import fingerprint, git_info
     from wf_nb.runs import run_id_for
     run = Run(Path(runs_dir or default_runs_dir())/run_id_for(cfg, fingerprint(cfg, git_info()['commit'])))
-    return _output(run) if run.dir.exists() and run.status == 'COMPLETED' else None
+    return run_output(run) if run.dir.exists() and run.status == 'COMPLETED' else None
 
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print) -> dict:
@@ -277,7 +278,7 @@ def smoke(runs_dir=None, steps=8, overrides=(), model='smollm2_135m', log=print)
     res = run_stage(cfg, runs_dir, skip_recovery=True, log=log)
     rows = [r for r in _metric_rows(res['run_dir']) if 'loss' in r and 'ce' in r]
     run = Run(Path(res['run_dir']))
-    parent = Path(run.meta()['lineage']['parent_output'])
+    parent = lineage_parent(run.meta()['lineage'], run.dir.parent)
     report = json.loads((parent/'report.json').read_text()) if (parent/'report.json').exists() else None
     ckpts = sorted(p.name for p in (run.dir/'checkpoints').glob('step_*'))
     wandb_dirs = sorted(str(p) for p in (run.dir/'wandb').glob('*run-*')) if (run.dir/'wandb').exists() else []

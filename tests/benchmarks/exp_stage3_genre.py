@@ -52,14 +52,17 @@ def load_interrupted(run, mc):
     import wf_nb
     from wf_nb.assets import load_fp_model
     from wf_nb.train import list_checkpoints, load_checkpoint
-    parent = run.meta().get('lineage', {}).get('parent_output')
-    model = wf_nb.load(parent) if parent else load_fp_model(mc, seed=0)
+    from wf_nb.runs import lineage_parent
+    lin = run.meta().get('lineage', {})
+    model = wf_nb.load(lineage_parent(lin, run.dir.parent)) if lin.get('parent_output') else load_fp_model(mc, seed=0)
     ckpt = list_checkpoints(run.dir)[-1]
     load_checkpoint(ckpt, model)
     return model, int(ckpt.name[5:])
 
 
-def output_of(run) -> Path: return Path(run.meta().get('output') or run.output)
+def output_of(run) -> Path:
+    from wf_nb.runs import run_output
+    return run_output(run)
 
 
 def metric_rows(run):
@@ -108,6 +111,7 @@ def main(argv=None):
     ap.add_argument('--no-plain-sft', action='store_true', help='skip arm (e), ternary SFT from --start without KD')
     ap.add_argument('--n-test-per-genre', type=int, default=0, help='balanced test subsample (0: the whole test split)')
     ap.add_argument('--eval-batch-size', type=int, default=16)
+    ap.add_argument('--eval-precision', default='bf16', choices=['fp32', 'bf16'], help='autocast dtype of the test evaluations')
     ap.add_argument('--runs-dir', default=os.environ.get('WF_RUNS_DIR', 'runs'))
     ap.add_argument('--skip-stage1-eval', action='store_true', help='do not evaluate the untrained Stage-1 ternary model')
     ap.add_argument('--json', default=None, help='also write the results here')
@@ -140,10 +144,11 @@ def main(argv=None):
     def evaluate(name, model, steps, note, secs=None, key=None):
         "Test accuracy of `model` (a callable that loads it); cached under `key` (the checkpoint) with --eval-cache."
         t0 = time.time()
-        ck = json.dumps([key or name, len(test), a.n_test_per_genre, a.seq_len, 'calibrated'])
+        ck = json.dumps([key or name, len(test), a.n_test_per_genre, a.seq_len, 'calibrated', a.eval_precision])
         if ck in cache: r = cache[ck]; log(f"[{name}] from --eval-cache {a.eval_cache}")
         else:
-            r = task_accuracy(model(), tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size, calibrate=True)
+            with torch.autocast('cpu', dtype=torch.bfloat16, enabled=a.eval_precision == 'bf16'):
+                r = task_accuracy(model(), tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size, calibrate=True)
             r = {**{k: r[k] for k in ('accuracy', 'stderr', 'n', 'correct', 'confusion')},
                  'cal_accuracy': r['calibrated']['accuracy'], 'cal_stderr': r['calibrated']['stderr'], 'cal_confusion': r['calibrated']['confusion']}
             if a.eval_cache:
