@@ -33,14 +33,17 @@ ARGS = ['train', '-s', '2', *TINY, 'training.max_steps=6', 'training.save_interv
 
 def test_spot_resume_on_an_empty_machine(wf, tmp_path, s3):
     uri = f's3://{BUCKET}/exp1'
-    a = tmp_path/'a'; wf(*ARGS, f'training.checkpoint_uri={uri}', env={**ENV, **s3, 'WF_RUNS_DIR': str(a)})   # uninterrupted
+    a = tmp_path/'a'; wf(*ARGS, f'training.checkpoint_uri={uri}', '--gpus', 'T4:1', env={**ENV, **s3, 'WF_RUNS_DIR': str(a)})   # uninterrupted
     run_id = only_run(a, '2').name
+    meta = json.loads((only_run(a, '2')/'metadata.json').read_text())
+    assert meta['gpus'] == 'T4:1' and meta['gpu_hour_usd'] == 0.45    # priced from the GPU table (wf_nb.gpus)
+    assert step_losses(only_run(a, '2')) and 'COST' in wf('runs', env={**ENV, 'WF_RUNS_DIR': str(a)}).stdout
     ref_losses = step_losses(only_run(a, '2'))
     fs = s3fs_of(s3); root = f'{BUCKET}/exp1/{run_id}'
     assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(root)) == ['step_00000004', 'step_00000006']   # keep_last=2 remotely
     assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(f'{root}/step_00000006')) == ['manifest.json', 'model.safetensors', 'optimizer.pt', 'state.pt']
     fs.rm(f'{root}/step_00000006/manifest.json')                     # the machine died while uploading step 6
-    b = tmp_path/'b'; r = wf(*ARGS, f'training.checkpoint_uri={uri}', env={**ENV, **s3, 'WF_RUNS_DIR': str(b)})   # a fresh machine
+    b = tmp_path/'b'; wf(*ARGS, f'training.checkpoint_uri={uri}', env={**ENV, **s3, 'WF_RUNS_DIR': str(b)})   # a fresh machine
     run_b = only_run(b, '2')
     log = (run_b/'train.log').read_text()
     assert 'downloaded step_00000004' in log and 'resumed from step_00000004 (step 4)' in log, log
