@@ -31,7 +31,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['wf_nb', 'wf_nb.*']),
     include_package_data=True,
     install_requires=requirements,
-    extras_require={'dev': dev_requirements},
+    extras_require={'dev': dev_requirements, 'cloud': shlex.split(cfg.get('cloud_requirements', ''))},
     python_requires='>=' + cfg['min_python'],
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',

@@ -49,6 +49,22 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument('--out', help='also write the stage output (a HF checkpoint) to this directory')
     t.add_argument('--scale', choices=['single', 'small', 'medium', 'large'], help='process-count profile')
     t.add_argument('--skip-recovery', action='store_true', help='start a fresh run even if an identical one exists')
+    t.add_argument('--gpus', help="the hardware, TYPE:COUNT per node (A100:4): prices the run (wf_nb.gpus); not in the fingerprint")
+    t.add_argument('--nnodes', type=_positive_int, help='machines in a multi-node run (default: $SKYPILOT_NUM_NODES / $NNODES, else 1)')
+    t.add_argument('--node-rank', type=int, help="this machine's rank, 0..nnodes-1"); t.add_argument('--master-addr', help='address of node 0')
+    t.add_argument('--master-port', type=_positive_int, help='rendezvous port on node 0 (default 29500)')
+
+    la = sub.add_parser('launch', help='run a `wf train` command on SkyPilot, Modal or here (writes the job spec)')
+    run_opts(la)
+    la.add_argument('--backend', required=True, choices=['skypilot', 'modal', 'local'])
+    la.add_argument('--gpus', default='A100:1', help='accelerators per node, TYPE:COUNT (default A100:1)')
+    la.add_argument('--nodes', type=_positive_int, default=1, help='machines (SkyPilot: multi-node torchrun)')
+    la.add_argument('--scale', choices=['single', 'small', 'medium', 'large'], help='process-count profile (default: large when COUNT > 1)')
+    la.add_argument('--on-demand', action='store_true', help='SkyPilot: on-demand instead of spot instances')
+    la.add_argument('--max-restarts', type=int, default=3, help='restarts after errors (SkyPilot job_recovery; Modal retries)')
+    la.add_argument('--secret', action='append', default=[], help='Modal: a secret to attach, by name (repeatable)')
+    la.add_argument('--out', help='folder for the spec (default launch/JOB)')
+    la.add_argument('--dry-run', action='store_true', help='write the spec only; print the command that starts it')
 
     c = sub.add_parser('config', help='print the resolved config and its fingerprint')
     run_opts(c)
@@ -243,16 +259,25 @@ def _dispatch(a):
         from wf_nb.stages import run_stage
         cfg = get_config(a.overrides, stage=a.stage or '1', model=a.model)
         if a.scale: cfg.distributed.scale = a.scale
+        if a.gpus:
+            from wf_nb.gpus import parse_gpus
+            cfg.distributed.gpus = '%s:%d' % parse_gpus(a.gpus)
         if a.out and not a.skip_recovery and (done := _completed_run(cfg, a.runs_dir)) is not None:
             from wf_nb.runs import copy_output   # --out on a finished run: hand over its output, nothing is retrained
             out = copy_output(done, a.out)
             print(f"wf train: run {done.id} already COMPLETED; copied its output to {out}", file=sys.stderr); return 0
-        from wf_nb.launch import maybe_relaunch
-        if (rc := maybe_relaunch(cfg, a.argv)) is not None: return rc  # re-run under `accelerate launch`
+        from wf_nb.launch import maybe_relaunch, node_layout
+        nodes = node_layout(a.nnodes, a.node_rank, a.master_addr, a.master_port)
+        if (rc := maybe_relaunch(cfg, a.argv, nodes=nodes)) is not None: return rc  # re-run under `accelerate launch`
         from wf_nb.train import _Stop
         _Stop.last_signal = None
         res = run_stage(cfg, runs_dir=a.runs_dir, out=a.out, skip_recovery=a.skip_recovery)
         return _train_exit(res)
+    if a.cmd == 'launch':
+        from wf_nb.cloud import launch
+        res = launch(a.backend, a.model, a.stage, a.overrides, a.scale, gpus=a.gpus, num_nodes=a.nodes, spot=not a.on_demand,
+                     out=a.out, dry_run=a.dry_run, secrets=a.secret, max_restarts=a.max_restarts)
+        return res.get('returncode', 0)
     if a.cmd == 'pipeline':
         from wf_nb.stages import run_pipeline
         from wf_nb.train import _Stop

@@ -99,6 +99,7 @@ class TrainingConfig:
     epochs: int = 0                     # SFT: if > 0, max_steps from dataset size
     cost_per_hour: float = 0.0
     budget: float = 0.0                 # stop cleanly once cumulative cost exceeds this (0 = no limit)
+    checkpoint_uri: str = ''            # also keep checkpoints in object storage (s3://bucket/prefix, gs://..., file://...; wf_nb.remote)
 
 @dataclass
 class QuantConfig:
@@ -134,6 +135,7 @@ class LoggingConfig:
     wandb_project: str = 'wf_nb'
     progress: bool = True
     run_name: str = ''
+    gpu_interval: float = 60.0          # seconds between GPU utilisation/memory/power samples (CUDA only; 0 = off; wf_nb.gpumon)
 
 @dataclass
 class DistributedConfig:
@@ -142,6 +144,7 @@ class DistributedConfig:
     strategy: str = 'ddp'               # ddp | fsdp
     num_processes: int = 1
     backend: str = ''                   # '' = nccl on CUDA, gloo on CPU
+    gpus: str = ''                      # the hardware, 'A100:4' (type:count per node): prices the run (wf_nb.cloud)
 
 @dataclass
 class WFConfig:
@@ -395,10 +398,12 @@ def load_yaml(path) -> WFConfig:
 # %% ../nbs/00_config.ipynb #e97b5f20
 FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_project', 'logging.progress',
                       'logging.run_name', 'training.save_interval', 'training.keep_last', 'data.num_workers',
-                      'data.pin_memory', 'data.prefetch_factor')
+                      'data.pin_memory', 'data.prefetch_factor',
+                      'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus')   # where it is stored / what it runs on
 
 def git_info(path='.') -> dict:
-    "The current commit and whether the tree is dirty (`commit=''` outside a git checkout)."
+    "The current commit and whether the tree is dirty (`commit=''` outside a git checkout; `$WF_NB_COMMIT` when set)."
+    if os.environ.get('WF_NB_COMMIT'): return {'commit': os.environ['WF_NB_COMMIT'], 'dirty': False}   # code shipped without .git (wf launch)
     def run(*a):
         return subprocess.run(['git', *a], cwd=path, capture_output=True, text=True, timeout=20)
     try:

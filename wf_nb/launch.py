@@ -11,12 +11,12 @@ from .config import WFConfig, get_config
 # %% auto #0
 __all__ = ['SCALES', 'STRATEGIES', 'WF_COMMANDS', 'LAUNCH_ENV', 'num_processes', 'in_distributed_launch', 'world_info',
            'check_world', 'accelerate_config', 'write_accelerate_config', 'wf_args', 'wf_entry', 'free_port',
-           'launch_command', 'torchrun_command', 'maybe_relaunch']
+           'launch_command', 'torchrun_command', 'maybe_relaunch', 'node_layout']
 
 # %% ../nbs/10_launch.ipynb #a3784f90
 SCALES: dict[str, int] = {'single': 1, 'small': 2, 'medium': 4, 'large': 8}
 STRATEGIES = ('ddp', 'fsdp')
-WF_COMMANDS = ('train', 'smoke', 'config', 'runs', 'logs', 'cancel', 'data', 'eval', 'export', 'generate')
+WF_COMMANDS = ('train', 'launch', 'smoke', 'config', 'runs', 'logs', 'cancel', 'data', 'eval', 'export', 'generate')
 
 def _cuda_count() -> int:
     try:
@@ -108,12 +108,15 @@ def free_port() -> int:
     "A TCP port free on this machine right now (for the rendezvous)."
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
-def launch_command(cfg: WFConfig, argv, n: int | None = None, gpus: int | None = None, port: int | None = None) -> list[str]:
-    "`accelerate launch ...` command (a list) that re-runs `wf <argv>` with the processes `cfg.distributed` asks for."
+def launch_command(cfg: WFConfig, argv, n: int | None = None, gpus: int | None = None, port: int | None = None,
+                   nodes: dict | None = None) -> list[str]:
+    "`accelerate launch ...` command (a list) that re-runs `wf <argv>` with the processes `cfg.distributed` asks for (`n` per node; `nodes`: `node_layout`)."
     gpus = _cuda_count() if gpus is None else gpus
     n = num_processes(cfg, gpus=gpus) if n is None else n
-    cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', str(n), '--num_machines', '1',
-           '--mixed_precision', _precision(cfg), '--main_process_port', str(port or free_port())]
+    m = nodes['nnodes'] if nodes else 1
+    cmd = [sys.executable, '-m', 'accelerate.commands.launch', '--num_processes', str(n * m), '--num_machines', str(m),
+           '--mixed_precision', _precision(cfg), '--main_process_port', str(nodes['master_port'] if nodes else port or free_port())]
+    if nodes: cmd += ['--machine_rank', str(nodes['node_rank']), '--main_process_ip', nodes['master_addr']]
     if cfg.distributed.strategy == 'fsdp' and gpus:
         f = accelerate_config(cfg, n=n, gpus=gpus)['fsdp_config']
         cmd += ['--use_fsdp', *[x for k, v in f.items() for x in (f'--{k}', str(v).lower() if isinstance(v, bool) else str(v))]]
@@ -126,17 +129,17 @@ def torchrun_command(cfg: WFConfig, argv, n: int | None = None, gpus: int | None
     return [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', str(n)] + wf_entry() + wf_args(argv)
 
 # %% ../nbs/10_launch.ipynb #5c13d1f5
-def maybe_relaunch(cfg: WFConfig, argv, env=None, dry_run=False, log=print) -> int | None:
+def maybe_relaunch(cfg: WFConfig, argv, env=None, dry_run=False, log=print, nodes: dict | None = None) -> int | None:
     "Re-run `wf <argv>` under `accelerate launch` when `cfg` wants > 1 process and we are not in a launch; its exit code, else None."
     env = dict(os.environ if env is None else env)
     if in_distributed_launch(env): return None
     gpus = _cuda_count()
     n = num_processes(cfg, gpus=gpus)
-    if n <= 1: return None
-    cmd = launch_command(cfg, argv, n=n, gpus=gpus)
+    if n <= 1 and not nodes: return None
+    cmd = launch_command(cfg, argv, n=n, gpus=gpus, nodes=nodes)
     env['WF_NB_LAUNCHED'] = '1'
     if not gpus: env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // n)))
-    log(f"wf: launching {n} processes ({cfg.distributed.strategy}, {'GPU' if gpus else 'CPU/gloo'}): {shlex.join(cmd)}")
+    log(f"wf: launching {n} processes{' on node %d of %d' % (nodes['node_rank'], nodes['nnodes']) if nodes else ''} ({cfg.distributed.strategy}, {'GPU' if gpus else 'CPU/gloo'}): {shlex.join(cmd)}")
     if dry_run: return 0
     p = subprocess.Popen(cmd, env=env)
     while True:
@@ -144,3 +147,18 @@ def maybe_relaunch(cfg: WFConfig, argv, env=None, dry_run=False, log=print) -> i
         # step, save and stop. Keep waiting for that instead of killing the launcher (subprocess.run would).
         try: return p.wait()
         except KeyboardInterrupt: log("wf: interrupted; waiting for the processes to save a checkpoint and stop")
+
+# %% ../nbs/10_launch.ipynb #4d54e653
+def node_layout(nnodes=None, node_rank=None, master_addr=None, master_port=None, env=None) -> dict | None:
+    "`{nnodes, node_rank, master_addr, master_port}` of a multi-node run from the flags, else the environment; None on one machine."
+    env = os.environ if env is None else env
+    n = int(nnodes or env.get('SKYPILOT_NUM_NODES') or env.get('NNODES') or 1)
+    if n <= 1: return None
+    rank = node_rank if node_rank is not None else env.get('SKYPILOT_NODE_RANK', env.get('NODE_RANK'))
+    ips = env.get('SKYPILOT_NODE_IPS', '').split()
+    addr = master_addr or env.get('MASTER_ADDR') or (ips[0] if ips else '')
+    if rank is None or not addr:
+        raise ValueError(f"a {n}-node run needs --node-rank and --master-addr on every machine "
+                         f"(or NODE_RANK and MASTER_ADDR, as SkyPilot and SLURM scripts set them)")
+    if not 0 <= int(rank) < n: raise ValueError(f"--node-rank {rank} is outside 0..{n - 1} for --nnodes {n}")
+    return {'nnodes': n, 'node_rank': int(rank), 'master_addr': addr, 'master_port': int(master_port or env.get('MASTER_PORT') or 29500)}

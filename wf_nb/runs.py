@@ -334,13 +334,22 @@ def _last_metrics(run: Run) -> dict:
             if 'loss' in r: last = r
     return last
 
+def _cost(run: Run, last: dict) -> str:
+    "Cost so far (US$, from `training.cost_per_hour` or `distributed.gpus`), and the estimate for the whole run while it is unfinished."
+    if last.get('cost') is None: return ''
+    s = f"${last['cost']:.2f}"
+    try: total = run.config().training.max_steps
+    except Exception: total = 0
+    if last.get('step') and total > last['step']: s += f" (~${last['cost'] * total / last['step']:.2f})"
+    return s
+
 def runs_table(runs_dir=None) -> str:
-    "A plain-text table of runs: id, status, stage, step, loss, created."
-    rows = [('RUN', 'STATUS', 'STAGE', 'STEP', 'LOSS', 'CREATED')]
+    "A plain-text table of runs: id, status, stage, step, loss, cost, created."
+    rows = [('RUN', 'STATUS', 'STAGE', 'STEP', 'LOSS', 'COST', 'CREATED')]
     for r in list_runs(runs_dir):
         m, last = r.meta(), _last_metrics(r)
         rows.append((r.id, r.status, str(m.get('stage', '')), str(last.get('step', '')),
-                     f"{last['loss']:.4f}" if 'loss' in last else '', m.get('created', '')[:19]))
+                     f"{last['loss']:.4f}" if 'loss' in last else '', _cost(r, last), m.get('created', '')[:19]))
     w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return '\n'.join('  '.join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip() for row in rows)
 

@@ -148,10 +148,17 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
         if acc.is_main_process: lineage = lineage_of(parent_path, runs_dir, parent)   # relative to the runs folder + sha256
     if out and Path(out).exists():
         raise FileExistsError(f"--out {out} already exists; refusing to overwrite it. Choose a new directory or remove it.")
+    if cfg.training.checkpoint_uri:   # a missing bucket or bad credentials fail now, in one line, before any run folder or model
+        from wf_nb.remote import check_remote
+        check_remote(cfg.training.checkpoint_uri)
     run = _open(cfg, acc, runs_dir, skip_recovery, lineage)
+    if cfg.distributed.gpus and not cfg.training.cost_per_hour:   # price the run by its hardware (after the fingerprint: not part of it)
+        from wf_nb.gpus import gpu_hour_price
+        cfg.training.cost_per_hour = gpu_hour_price(cfg.distributed.gpus)
     out_dir = Path(out) if out else run.output
     if acc.is_main_process:
-        run.update(output=portable_path(out_dir, run.dir)); run.log(f"stage {cfg.stage} of {cfg.model.name}: run {run.id}" + (f", from {parent_path}" if parent_path else ''))
+        run.update(output=portable_path(out_dir, run.dir), gpus=cfg.distributed.gpus or None, gpu_hour_usd=cfg.training.cost_per_hour * acc.num_processes or None)
+        run.log(f"stage {cfg.stage} of {cfg.model.name}: run {run.id}" + (f", from {parent_path}" if parent_path else ''))
     try:
         res = _run(cfg, run, acc, parent_path, out_dir, log)
     except BaseException as e:
@@ -213,9 +220,14 @@ def _run(cfg, run, acc, parent_path, out_dir, log):
     if cfg.data.context_schedule:   # progressive context: re-packed data and stretched RoPE per phase (wf_nb.context)
         from wf_nb.context import progressive_data
         train = progressive_data(cfg, tok, _unwrap(model), acc.process_index, acc.num_processes)
-    trainer = Trainer(cfg, model, train, run.dir, step_fn=step_fn, val_data=val, accelerator=acc,
-                      log=(run.log if acc.is_main_process else (lambda *a, **k: None)))
-    res = trainer.fit()
+    rlog = run.log if acc.is_main_process else (lambda *a, **k: None)
+    remote = None
+    if cfg.training.checkpoint_uri:   # checkpoints also go to object storage, and come back from it on a fresh machine
+        from wf_nb.remote import RemoteCheckpoints
+        remote = RemoteCheckpoints(cfg.training.checkpoint_uri, run.id, keep_last=cfg.training.keep_last, log=rlog)
+    trainer = Trainer(cfg, model, train, run.dir, step_fn=step_fn, val_data=val, accelerator=acc, log=rlog, remote=remote)
+    from wf_nb.gpus import gpu_monitor
+    with gpu_monitor(cfg, trainer): res = trainer.fit()
     if res['status'] == 'COMPLETED':
         final = acc.unwrap_model(trainer.model)
         sd = full_state_dicts(final)[0] if is_fsdp(final) else None   # FSDP2: every rank takes part in the gather

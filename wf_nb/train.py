@@ -324,11 +324,12 @@ def peak_memory_mb(device) -> float:
 class Trainer:
     "Train `model` on batches from `data` with `step_fn`, writing metrics and checkpoints under `run_dir`."
     def __init__(self, cfg: WFConfig, model: nn.Module, data, run_dir, step_fn: Callable = lm_step,
-                 val_data=None, accelerator=None, log: Callable = print, hooks: dict | None = None):
+                 val_data=None, accelerator=None, log: Callable = print, hooks: dict | None = None, remote=None):
         from accelerate import Accelerator
         self.cfg, self.t, self.step_fn, self.log = cfg, cfg.training, step_fn, log
         self.data, self.val_data, self.run_dir = data, val_data, Path(run_dir)
         self.hooks = hooks or {}  # name -> fn(trainer, **kw), e.g. 'loss' for fault injection in tests
+        self.remote = remote      # a copy of the checkpoints in object storage (wf_nb.remote.RemoteCheckpoints), or None
         self.acc = accelerator or make_accelerator(self.t.precision)
         torch.manual_seed(self.t.seed)
         if cfg.model.gradient_checkpointing and hasattr(model, 'gradient_checkpointing_enable'):
@@ -403,6 +404,7 @@ class Trainer:
             path = save_checkpoint(self.ckpt_root/f'step_{self.step:08d}', model, state={**self.state(), 'rng_ranks': rngs},
                                    state_dicts=sds)
             self._prune()
+            if self.remote is not None: self.remote.upload(path, keep=[b.name for b in [self._best_path()] if b])
         self.acc.wait_for_everyone()
         return path
 
@@ -423,6 +425,9 @@ class Trainer:
         "Load the newest good checkpoint (or `ckpt`); return whether one was found."
         if self.acc.is_main_process and self.ckpt_root.exists():  # temp dirs of saves killed by SIGKILL
             for tmp in self.ckpt_root.glob('.step_*'): shutil.rmtree(tmp, ignore_errors=True)
+        if self.remote is not None and ckpt is None:   # a fresh machine: the newest checkpoint may be in object storage
+            if self.acc.is_local_main_process: self.remote.sync_down(self.run_dir)
+            self.acc.wait_for_everyone()
         ckpt = ckpt or latest_checkpoint(self.run_dir, log=self.log)
         if ckpt is None: return False
         st = load_checkpoint(ckpt, self.acc.unwrap_model(self.model), self._opt())
@@ -604,6 +609,7 @@ class Trainer:
         finally:
             bar.close()
             self._record_quant()
+            if self.remote is not None: self.remote.close()   # the last checkpoint leaves before the process does
             if self._wandb is not None: self._wandb.finish()
         return {'status': status, 'step': self.step, 'start_step': start_step, 'first_loss': first_loss, 'last_loss': last_loss,
                 'tokens_seen': self.tokens_seen, 'rollbacks': self.rollbacks, 'best_val': self.best_val if math.isfinite(self.best_val) else None}
