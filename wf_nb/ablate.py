@@ -26,7 +26,7 @@ PROTOCOLS = {   # protocol -> model per ablation, steps per stage, shared overri
                 overrides=['training.batch_size=8', 'data.seq_len=1024', 'training.precision=bf16', 'logging.interval=10'], eval_tokens=262_144),
     'cpu': dict(model='smollm2_135m', steps={'1.9': 40, '2': 60},
                 overrides=['training.batch_size=4', 'data.seq_len=128', 'training.precision=bf16', 'logging.interval=2',
-                           'training.save_interval=20'], eval_tokens=16_384),
+                           'training.save_interval=50'], eval_tokens=16_384),
     'tiny': dict(model='tiny_llama', steps={'1.9': 3, '2': 3},
                  overrides=['training.batch_size=2', 'data.seq_len=32', 'logging.interval=1'], eval_tokens=512),
 }
@@ -233,7 +233,7 @@ def run_ablation(ablation: str, seeds: int = 3, protocol: str = 'cpu', overrides
     root = _repo_root()/'papermill_runs'
     runs_dir = Path(runs_dir or default_runs_dir()).resolve()
     work = Path(work_dir or root/'out'/'ablate'/f'{ablation}-{protocol}').resolve(); work.mkdir(parents=True, exist_ok=True)
-    rep = Path(report_dir or root/'reports'/ablation).resolve(); rep.mkdir(parents=True, exist_ok=True)
+    rep = Path(report_dir or root/'reports'/ablation/protocol).resolve(); rep.mkdir(parents=True, exist_ok=True)
     results = []
     for seed in range(1, seeds + 1):
         for arm in ABLATIONS[ablation]:

@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument('--protocol', default='cpu', choices=['cpu', 'gpu', 'tiny'], help='model, steps and batch (wf_nb.ablate.PROTOCOLS)')
     ab.add_argument('--max-steps', type=int, default=0, help="cap each stage at this many steps (0: the protocol's)")
     ab.add_argument('--no-export', action='store_true', help='skip the packed export and its perplexity')
-    ab.add_argument('--report-dir', default=None, help='default papermill_runs/reports/ABLATION')
+    ab.add_argument('--report-dir', default=None, help='default papermill_runs/reports/ABLATION/PROTOCOL')
     ab.add_argument('--work-dir', default=None, help='arm notebooks and results (default papermill_runs/out/ablate/ABLATION-PROTOCOL)')
     ab.add_argument('--runs-dir', default=None); ab.add_argument('overrides', nargs='*', help='group.key=value for every stage of every arm')
     return p
