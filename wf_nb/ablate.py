@@ -74,7 +74,7 @@ def run_arm(ablation: str, arm: str, seed: int, protocol: str = 'cpu', overrides
         chain[st], parent = res, res['output']
     return chain
 
-# %% ../nbs/10a_ablate.ipynb #02842899
+# %% ../nbs/10a_ablate.ipynb #41d8494d
 @torch.no_grad()
 def heldout_perplexity(model, cfg, tokenizer, max_tokens: int = 16_384) -> dict:
     "Perplexity of `model` on the first `max_tokens` scored tokens of `cfg`'s held-out (val) documents."
@@ -110,7 +110,7 @@ def final_losses(rows) -> dict:
     k = max(1, len(tr) // 10)
     return {'train_loss': sum(tr[-k:]) / k if tr else None, 'val_loss': va[-1] if va else None}
 
-# %% ../nbs/10a_ablate.ipynb #b07244a1
+# %% ../nbs/10a_ablate.ipynb #de94243f
 def score_arm(chain: dict, ablation: str, arm: str, seed: int, protocol: str = 'cpu', overrides=(), max_steps: int = 0,
               export: bool = True, log=print) -> dict:
     "The result record of one arm and seed: held-out perplexity (trained and, with `export`, packed), final losses, curves."
@@ -122,7 +122,8 @@ def score_arm(chain: dict, ablation: str, arm: str, seed: int, protocol: str = '
     eval_tokens = PROTOCOLS[protocol]['eval_tokens']
     res = dict(ablation=ablation, arm=arm, seed=int(seed), protocol=protocol, model=model_name, run_id=s2['run_id'],
                runs={st: c['run_id'] for st, c in chain.items()}, git_commit=git_info()['commit'])
-    res['heldout'] = heldout_perplexity(load(s2['output']), cfg, tok, eval_tokens)
+    dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    res['heldout'] = heldout_perplexity(load(s2['output']).to(dev), cfg, tok, eval_tokens)
     res['heldout_ppl'] = res['heldout']['perplexity']
     res.update(final_losses(metric_rows(s2['run_dir'])))
     res['curves'] = {st: [(r['step'], r['loss']) for r in metric_rows(chain[st]['run_dir']) if 'loss' in r] for st in ('1.9', '2')}
@@ -135,12 +136,12 @@ def score_arm(chain: dict, ablation: str, arm: str, seed: int, protocol: str = '
             rep = export_model(s2['output'], 'hf-bitnet', out=out) if not is_packed_dir(out) else json.loads((out/'wf_packed.json').read_text())
         res['export_format'] = rep['format']
         res['export_note'] = '; '.join(str(x.message) for x in w)
-        res['packed_ppl'] = heldout_perplexity(load_packed(out), cfg, tok, eval_tokens)['perplexity']
+        res['packed_ppl'] = heldout_perplexity(load_packed(out).to(dev), cfg, tok, eval_tokens)['perplexity']
         log(f"export: {res['export_format']} ({out}); packed held-out perplexity {res['packed_ppl']:.4g}")
     log(f"{ablation}/{arm}/seed {seed}: held-out perplexity {res['heldout_ppl']:.4g}, train loss {res['train_loss']}, val loss {res['val_loss']}")
     return res
 
-# %% ../nbs/10a_ablate.ipynb #ef6da2c5
+# %% ../nbs/10a_ablate.ipynb #7fc02351
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}   # two-sided 95% Student t quantiles
 
@@ -171,7 +172,7 @@ def verdict(diff: dict, metric: str = 'held-out perplexity', arm: str = 'the arm
     if diff['lo'] > 0: return f"{arm} made {metric} worse: {what}, {ci}."
     return f"No significant difference in {metric} for {arm}: {what}, {ci}."
 
-# %% ../nbs/10a_ablate.ipynb #41d64943
+# %% ../nbs/10a_ablate.ipynb #8b13cde9
 METRICS = (('heldout_ppl', 'held-out perplexity'), ('train_loss', 'final train loss'), ('val_loss', 'final val loss'))
 
 def summarize(results: list[dict]) -> dict:
@@ -190,7 +191,7 @@ def summarize(results: list[dict]) -> dict:
     return dict(ablation=abl, baseline=base, arms=arms, table=table, diffs=diffs,
                 verdicts={a: verdict(diffs[(a, 'heldout_ppl')], 'held-out perplexity', a) for a in arms if a != base})
 
-# %% ../nbs/10a_ablate.ipynb #a533fc9e
+# %% ../nbs/10a_ablate.ipynb #5f0e8928
 def _repo_root() -> Path: return Path(__file__).resolve().parent.parent
 
 class AblationError(RuntimeError):
@@ -224,7 +225,7 @@ def expected_run_id(ablation, arm, seed, protocol, overrides=(), max_steps=0, ru
         parent = run.meta().get('output') or str(run.output)
     return run.id
 
-# %% ../nbs/10a_ablate.ipynb #7c8a187f
+# %% ../nbs/10a_ablate.ipynb #e38319c1
 def run_ablation(ablation: str, seeds: int = 3, protocol: str = 'cpu', overrides=(), max_steps: int = 0, runs_dir=None,
                  work_dir=None, report_dir=None, export: bool = True, command: str = '', log=print) -> dict:
     "Both arms x `seeds` through `ablation_arm.ipynb`, then `ablation_report.ipynb`; returns the summary and paths."
