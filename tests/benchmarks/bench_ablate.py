@@ -48,6 +48,7 @@ def main():
             m, ov = cfgs['1']; t0 = cpu()
             stage1_out[key] = run_stage(get_config(ov, stage='1', model=m), runs, log=lambda *x: None)['output']
             r['stage1'] = cpu() - t0
+            print(json.dumps({'arm': arm, 'stage': '1', 'cpu_s': round(r['stage1'], 2)}), flush=True)
         else: r['stage1'] = rows['baseline']['stage1']
         for st in ('1.9', '2'):
             m, ov = cfgs[st]; cfg = get_config(ov, stage=st, model=m)
@@ -65,6 +66,7 @@ def main():
                 res['loss'].backward(); opt.step(); opt.zero_grad(set_to_none=True)
                 times.append(cpu() - t0)
             r[f'step {st}'] = statistics.median(times[1:])
+            print(json.dumps({'arm': arm, 'stage': st, 'load_cpu_s': round(r[f'load {st}'], 2), 'step_cpu_s': [round(t, 2) for t in times]}), flush=True)
             del student, teacher, opt
         cfg = get_config(cfgs['2'][1], stage='2', model=cfgs['2'][0]); tok = load_tokenizer(cfg.model)
         scale = P['eval_tokens'] / a.eval_tokens
