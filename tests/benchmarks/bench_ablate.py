@@ -26,7 +26,9 @@ def main():
     ap.add_argument('--arms', default='baseline,haar,saliency'); ap.add_argument('--steps', type=int, default=3)
     ap.add_argument('--seeds', type=int, default=3); ap.add_argument('--eval-tokens', type=int, default=2048)
     ap.add_argument('--protocol', default='cpu'); ap.add_argument('--out', default=None)
+    ap.add_argument('--quick', action='store_true', help='training steps only: the student converted in memory (no Stage 1 run, no scoring)')
     a = ap.parse_args()
+    if a.quick: return quick(a)
     import torch
     from wf_nb.ablate import ABLATIONS, PROTOCOLS, arm_configs, heldout_perplexity
     from wf_nb.config import get_config
@@ -88,6 +90,43 @@ def main():
         if all(x in rows for x in arms):
             tot = sum(rows[x]['arm total'] for x in arms) * a.seeds
             print(f"projected `wf ablate {abl} --seeds {a.seeds} --protocol {a.protocol}`: {tot / 3600:.2f} h of one idle core")
+
+def quick(a):
+    "Seconds (CPU, one thread) per training step of Stages 1.9 and 2 for each arm; the student is converted in memory."
+    import torch
+    from wf_nb.ablate import arm_configs
+    from wf_nb.config import get_config
+    from wf_nb.stages import distill_step
+    from wf_nb.train import StepContext
+    from wf_nb.convert import convert
+    from wf_nb.assets import load_fp_model, load_tokenizer
+    from wf_nb.data import get_data
+    torch.manual_seed(0)
+    abl_of = {'baseline': 'haar', 'haar': 'haar', 'saliency': 'saliency'}
+    teacher = tok = None; res = {}
+    for arm in a.arms.split(','):
+        for st in ('1.9', '2'):
+            m, ov = arm_configs(abl_of[arm], arm, 1, a.protocol)[st]; cfg = get_config(ov, stage=st, model=m)
+            if teacher is None:
+                teacher = load_fp_model(cfg.model).eval(); tok = load_tokenizer(cfg.model)
+                for p in teacher.parameters(): p.requires_grad_(False)
+            student = convert(teacher, cfg.quant).train()
+            for p in student.parameters(): p.requires_grad_(True)
+            data = iter(get_data(cfg, tok, 'train', verbose=False))
+            opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.training.lr)
+            step_fn = distill_step(teacher); times = []
+            for i in range(a.steps + 1):
+                b = next(data); t0 = cpu()
+                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=cfg.training.precision == 'bf16'):
+                    out = step_fn(student, b, StepContext(i, cfg.training.max_steps, torch.device('cpu'), cfg))
+                out['loss'].backward(); opt.step(); opt.zero_grad(set_to_none=True)
+                times.append(cpu() - t0)
+            res[(arm, st)] = statistics.median(times[1:])
+            print(json.dumps({'arm': arm, 'stage': st, 'step_cpu_s': [round(t, 2) for t in times]}), flush=True)
+            del student, opt
+    print(f"\n# bench_ablate --quick: CPU seconds (one thread) per training step, protocol {a.protocol}, median of {a.steps} after a warm-up step")
+    print(f"{'arm':10} {'stage 1.9':>10} {'stage 2':>10}")
+    for arm in a.arms.split(','): print(f"{arm:10} {res[(arm, '1.9')]:10.2f} {res[(arm, '2')]:10.2f}")
 
 if __name__ == '__main__':
     sys.exit(main())
