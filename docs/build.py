@@ -6,7 +6,8 @@ Quarto (what `nbdev_docs` uses) cannot be installed without downloading its bina
 nbdev's own notebook reading plus nbconvert: each notebook under nbs/ becomes one page, in dependency order, with
 `#|` directives stripped, `#| hide` cells removed, and every exported function or class followed by its rendered
 signature and docstring (what nbdev's `show_doc` adds). `--execute` runs the notebooks first so pages show outputs
-(slow on a CPU; the default pages show code only). Where Quarto is installed, `nbdev_docs` works as usual.
+(slow on a CPU; the default pages show code only). The executed ablation reports of papermill_runs/reports/*/*/ get a
+page each, with their committed outputs. Where Quarto is installed, `nbdev_docs` works as usual.
 """
 import argparse, html, importlib, inspect, json, re, shutil, sys
 from pathlib import Path
@@ -84,6 +85,14 @@ def build(out: Path, execute: bool = False) -> list[Path]:
         name = 'home.html' if p.stem == 'index' else f'{p.stem}.html'
         (tmp/name).write_text(body)
         toc.append((name, title, summary)); pages.append(out/name)
+    for rep in sorted((ROOT/'papermill_runs'/'reports').glob('*/*/report.ipynb')):   # executed ablation reports, outputs as committed
+        nb = nbformat.read(str(rep), as_version=4)
+        title = f"Ablation report: {rep.parent.parent.name} ({rep.parent.name} protocol)"
+        body, _ = exporter.from_notebook_node(nb, resources={'metadata': {'name': title}})
+        name = f'ablation-{rep.parent.parent.name}-{rep.parent.name}.html'
+        (tmp/name).write_text(body)
+        cmd = (rep.parent/'command.txt').read_text().strip() if (rep.parent/'command.txt').exists() else ''
+        toc.append((name, title, cmd)); pages.append(out/name)
     items = '\n'.join(f'<li><a href="{n}">{html.escape(t)}</a> <span>{html.escape(s)}</span></li>' for n, t, s in toc)
     (tmp/'index.html').write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>wf_nb</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:56rem;margin:2rem auto;line-height:1.5}}span{{color:#555}}</style>

@@ -119,6 +119,16 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser('generate', help='generate text from a checkpoint')
     g.add_argument('src'); g.add_argument('--prompt', required=True); g.add_argument('--max-new-tokens', type=int, default=40)
     g.add_argument('--runs-dir', default=None)
+
+    ab = sub.add_parser('ablate', help='both arms x seeds of an ablation through papermill, then its report (wf_nb.ablate)')
+    ab.add_argument('ablation', choices=['haar', 'saliency'])
+    ab.add_argument('--seeds', type=_positive_int, default=3, help='seeds per arm (1..N)')
+    ab.add_argument('--protocol', default='cpu', choices=['cpu', 'gpu', 'tiny'], help='model, steps and batch (wf_nb.ablate.PROTOCOLS)')
+    ab.add_argument('--max-steps', type=int, default=0, help="cap each stage at this many steps (0: the protocol's)")
+    ab.add_argument('--no-export', action='store_true', help='skip the packed export and its perplexity')
+    ab.add_argument('--report-dir', default=None, help='default papermill_runs/reports/ABLATION/PROTOCOL')
+    ab.add_argument('--work-dir', default=None, help='arm notebooks and results (default papermill_runs/out/ablate/ABLATION-PROTOCOL)')
+    ab.add_argument('--runs-dir', default=None); ab.add_argument('overrides', nargs='*', help='group.key=value for every stage of every arm')
     return p
 
 # %% ../nbs/11_cli.ipynb #13f5e63b
@@ -323,6 +333,11 @@ def _dispatch(a):
         from wf_nb.export import generate_text
         if not a.prompt.strip(): raise ValueError("--prompt is empty; give the text to continue, e.g. --prompt 'To be, or not to be'")
         print(generate_text(resolve_checkpoint(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens)); return 0
+    if a.cmd == 'ablate':
+        import shlex
+        from wf_nb.ablate import run_ablation
+        run_ablation(a.ablation, a.seeds, a.protocol, a.overrides, a.max_steps, a.runs_dir, a.work_dir, a.report_dir,
+                     export=not a.no_export, command=shlex.join(['wf', *a.argv])); return 0
     raise ValueError(f"unknown command {a.cmd}")
 
 def _completed_run(cfg, runs_dir):

@@ -126,6 +126,11 @@ class DistillConfig:
     attn_layer: float = 0.8             # Stage 3 relation layer: a depth fraction in (0, 1) (0.8 -> 24 of 30) or an index (-1 = last)
     relation_heads: int = 32
     kd_alpha: float = 1.0               # KD mid-training: weight of the logits KD term
+    saliency: bool = False              # Stages 1.9 / 2: saliency curriculum on the per-token losses (wf_nb.curriculum; ablation)
+    saliency_score: str = 'kl'          # a token's saliency: kl (teacher || student, at the KD temperature) | teacher_ce
+    saliency_top: float = 0.25          # fraction of a batch's scored tokens that are weighted up
+    saliency_boost: float = 4.0         # their weight relative to the others at step 0 (annealed to 1 = uniform)
+    saliency_anneal: float = 0.5        # share of the stage's steps over which the boost anneals to uniform
 
 @dataclass
 class LoggingConfig:
@@ -304,7 +309,8 @@ RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'data.val_fraction': (0, 1, True, False), 'data.fim_rate': (0, 1, True, True), 'data.fim_spm_rate': (0, 1, True, True),
     'data.num_workers': (0, None, True, True), 'model.num_heads': (1, None, True, True), 'model.num_kv_heads': (1, None, True, True),
     'model.hidden_size': (1, None, True, True), 'model.num_layers': (1, None, True, True), 'model.vocab_size': (1, None, True, True),
-    'quant.warmup_steps': (0, None, True, True)}
+    'quant.warmup_steps': (0, None, True, True), 'distill.saliency_top': (0, 1, False, True),
+    'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True)}
 
 def check_ranges(cfg, ranges=RANGES):
     "Refuse NaN, infinite and out-of-range numbers at config time (not deep inside torch), naming key, value and range."
@@ -324,6 +330,7 @@ CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.
            'data.tokenize': ('upfront','on_the_fly'), 'model.rope_extension': ('ntk','linear','none'), 'training.schedule': ('cosine','linear','wsd','constant'),
            'training.optimizer': ('adamw','muon','sgd'), 'training.precision': ('fp32','bf16'),
            'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'), 'quant.subln_init': ('calibrated','ones'),
+           'distill.saliency_score': ('kl','teacher_ce'),
            'logging.wandb_mode': ('','online','offline','disabled'),
            'distributed.scale': ('single','small','medium','large'), 'distributed.strategy': ('ddp','fsdp')}
 

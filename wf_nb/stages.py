@@ -49,6 +49,9 @@ def distill_step(teacher):
         hidden = layerwise_weight_at(ctx.step, ctx.max_steps, d.layerwise_weight, d.layerwise_schedule) > 0
         with torch.no_grad(): t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
         s = model(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
+        if d.saliency:   # the saliency curriculum (wf_nb.curriculum): per-token weights, annealed to uniform
+            from wf_nb.curriculum import saliency_distill_loss
+            return saliency_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d)
         return pretrain_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d)
     return step
 
@@ -186,7 +189,7 @@ def _run(cfg, run, acc, parent_path, out_dir, log):
     if cfg.stage in ('1.9', '2', '3'):
         model = load(parent_path)
         d = cfg.distill
-        if cfg.stage in ('1.9', '2') and (d.kd_weight > 0 or d.layerwise_weight > 0):   # the FP teacher is needed
+        if cfg.stage in ('1.9', '2') and (d.kd_weight > 0 or d.layerwise_weight > 0 or d.saliency):   # the FP teacher is needed
             teacher = _teacher(cfg, d.teacher or None); step_fn = distill_step(teacher)
         if cfg.stage == '3':
             src = cfg.distill.teacher or _sft_teacher(cfg, run.dir.parent)

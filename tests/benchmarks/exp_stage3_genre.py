@@ -52,16 +52,17 @@ def load_interrupted(run, mc):
     import wf_nb
     from wf_nb.assets import load_fp_model
     from wf_nb.train import list_checkpoints, load_checkpoint
-    from wf_nb.runs import lineage_parent
     lin = run.meta().get('lineage', {})
-    model = wf_nb.load(lineage_parent(lin, run.dir.parent)) if lin.get('parent_output') else load_fp_model(mc, seed=0)
+    parent = Path(run.dir.parent, lin['parent_output']) if lin.get('parent_output') else None   # relative (or absolute) parent
+    model = wf_nb.load(parent) if parent else load_fp_model(mc, seed=0)
     ckpt = list_checkpoints(run.dir)[-1]
     load_checkpoint(ckpt, model)
     return model, int(ckpt.name[5:])
 
 
 def output_of(run) -> Path:
-    from wf_nb.runs import run_output
+    try: from wf_nb.runs import run_output
+    except ImportError: return Path(run.meta().get('output') or run.output)   # runs written before relative lineage
     return run_output(run)
 
 
