@@ -10,10 +10,11 @@ import torch
 from .assets import shakespeare_files
 
 # %% auto #0
-__all__ = ['DEFAULT_PROMPT', 'FOLIO_GENRES', 'GENRE_TASK', 'TaskFormatError', 'read_jsonl', 'task_kind', 'ClassificationTask',
-           'encode_classification', 'encode_chat', 'collate', 'pack', 'stack_rows', 'play_lines', 'play_passages',
-           'genre_splits', 'shakespeare_genre', 'load_task', 'encode_rows', 'TaskStream', 'get_task_data',
-           'mean_stderr', 'label_logprobs', 'task_accuracy']
+__all__ = ['DEFAULT_PROMPT', 'FOLIO_GENRES', 'GENRE_TASK', 'CONTENT_FREE', 'TaskFormatError', 'read_jsonl', 'task_kind',
+           'ClassificationTask', 'encode_classification', 'encode_chat', 'collate', 'pack', 'stack_rows', 'play_lines',
+           'play_passages', 'genre_splits', 'shakespeare_genre', 'load_task', 'encode_rows', 'TaskStream',
+           'get_task_data', 'mean_stderr', 'label_logprobs', 'content_free_logprior', 'calibrate_logprobs',
+           'task_accuracy']
 
 # %% ../nbs/04a_tasks.ipynb #834ad45c
 class TaskFormatError(ValueError):
@@ -307,15 +308,35 @@ def label_logprobs(model, tokenizer, examples: list[dict], task: ClassificationT
         out.append(torch.zeros(len(tgt), device=lp.device).index_add_(0, row, lp).cpu())
     return torch.cat(out).view(len(examples), len(task.labels))
 
+# %% ../nbs/04a_tasks.ipynb #d86a198f
+CONTENT_FREE = ('N/A', '', '[MASK]')
+
+def content_free_logprior(model, tokenizer, task: ClassificationTask, max_len: int = 512, batch_size: int = 8,
+                          inputs=CONTENT_FREE) -> torch.Tensor:
+    "`[n_labels]` log of the mean label distribution (renormalised over the labels) on content-free inputs."
+    lp = label_logprobs(model, tokenizer, [dict(text=t, label=task.labels[0]) for t in inputs], task, max_len, batch_size)
+    return lp.log_softmax(-1).exp().mean(0).log()
+
+def calibrate_logprobs(lp: torch.Tensor, logprior: torch.Tensor) -> torch.Tensor:
+    "Calibrated label log-scores `log p(y|x) - log p_cf(y)` (renormalised over the labels per example)."
+    return (lp.log_softmax(-1) - logprior).log_softmax(-1)
+
+# %% ../nbs/04a_tasks.ipynb #9d52fa28
+def _scores(lp: torch.Tensor, gold: torch.Tensor, labels) -> dict:
+    pred = lp.argmax(-1); n = len(gold); acc = (pred == gold).float().mean().item()
+    conf = {g: {p: int(((gold == i) & (pred == j)).sum()) for j, p in enumerate(labels)} for i, g in enumerate(labels)}
+    return dict(accuracy=acc, stderr=mean_stderr(acc, n), n=n, correct=int((pred == gold).sum()),
+                predictions=[labels[i] for i in pred.tolist()], confusion=conf)
+
 def task_accuracy(model, tokenizer, examples: list[dict], task: ClassificationTask = GENRE_TASK, max_len: int = 512,
-                  batch_size: int = 8) -> dict:
+                  batch_size: int = 8, calibrate: bool = False) -> dict:
     "Accuracy (with standard error) of predicting each example's label by label-token log-likelihood."
     was = model.training; model.eval()
-    try: lp = label_logprobs(model, tokenizer, examples, task, max_len, batch_size)
+    try:
+        lp = label_logprobs(model, tokenizer, examples, task, max_len, batch_size)
+        prior = content_free_logprior(model, tokenizer, task, max_len, batch_size) if calibrate else None
     finally: model.train(was)
-    pred = lp.argmax(-1)
     gold = torch.tensor([task.labels.index(e['label']) for e in examples])
-    n = len(examples); acc = (pred == gold).float().mean().item()
-    conf = {g: {p: int(((gold == i) & (pred == j)).sum()) for j, p in enumerate(task.labels)} for i, g in enumerate(task.labels)}
-    return dict(accuracy=acc, stderr=mean_stderr(acc, n), n=n, correct=int((pred == gold).sum()),
-                predictions=[task.labels[i] for i in pred.tolist()], confusion=conf)
+    r = _scores(lp, gold, task.labels)
+    if calibrate: r['calibrated'] = _scores(calibrate_logprobs(lp, prior), gold, task.labels)
+    return r

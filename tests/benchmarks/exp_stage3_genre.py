@@ -1,11 +1,13 @@
-"""Issue 5 real run: FP zero-shot vs FP-SFT (teacher) vs direct ternary SFT vs Stage 3 (BitDistill) on the
-offline Shakespeare genre task (3-way comedy/history/tragedy, split by play), SmolLM2-135M-Instruct (Q4_1).
+"""Stage 3 on the offline Shakespeare genre task (3-way comedy/history/tragedy, split by play), SmolLM2-135M-Instruct
+(Q4_1): FP zero-shot, FP-SFT (the teacher), direct ternary SFT (from Stage 1), ternary SFT and BitDistill (Stage 3)
+from the Stages 1.9 + 2 output (`--start`), over `--seeds`, with uncalibrated and content-free-calibrated accuracy.
 
 Every arm is trained with the user-facing CLI (`wf train ...`, one runs dir so the Stage-3 hand-off finds the
 Stage-1 output and the FP-SFT teacher) and evaluated on the same balanced test subsample (plays never seen in
 training) with `wf_nb.tasks.task_accuracy` (label-token log-likelihood, accuracy +- standard error).
 
     python tests/benchmarks/exp_stage3_genre.py --steps 40 --batch-size 8 --lr 1e-4 --runs-dir /tmp/g_runs
+    python tests/benchmarks/exp_stage3_genre.py --seeds 0 1 2 --start PIPELINE_OUTPUT --stage1 STAGE1_OUTPUT ...
 
 Completed runs with the same config in --runs-dir are reused (not retrained), so a rerun only evaluates.
 """
@@ -65,6 +67,30 @@ def metric_rows(run):
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 
 
+def summary(results) -> str:
+    "Mean +- std over seeds per arm, and BitDistill (d) against direct ternary SFT (c): paired difference and gap closed."
+    import statistics as st
+    arms = list(dict.fromkeys(r['arm'] for r in results))
+    by = {k: {m: [r[k] for r in results if r['arm'] == m] for m in arms} for k in ('accuracy', 'cal_accuracy')}
+    ms = lambda v: f"{st.mean(v):.3f} ± {st.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
+    out = ['', '| arm | seeds | accuracy (mean ± std) | calibrated (mean ± std) |', '|---|---|---|---|']
+    out += [f"| {m} | {len(by['accuracy'][m])} | {ms(by['accuracy'][m])} | {ms(by['cal_accuracy'][m])} |" for m in arms]
+    c, d, b = '(c) ternary SFT from Stage 1', '(d) BitDistill (Stage 3)', '(b) FP-SFT (teacher)'
+    for k, what in (('accuracy', 'uncalibrated'), ('cal_accuracy', 'calibrated')):
+        dd, cc, bb = by[k].get(d, []), by[k].get(c, []), by[k].get(b, [])
+        n = min(len(dd), len(cc), len(bb))
+        if n == 0: continue
+        diff = [x - y for x, y in zip(dd[:n], cc[:n])]
+        se = (st.stdev(diff) / n ** .5) if n > 1 else float('nan')
+        # per-seed test standard errors (binomial) as the floor of the uncertainty of a single seed
+        se_test = max(r[k.replace('accuracy', 'stderr')] for r in results if r['arm'] in (c, d))
+        gap = st.mean(bb[:n]) - st.mean(cc[:n])
+        closed = (st.mean(dd[:n]) - st.mean(cc[:n])) / gap if gap else float('nan')
+        out.append(f"\n{what}: BitDistill - direct ternary SFT = {st.mean(diff):+.3f} (paired over {n} seeds, se {se:.3f}; "
+                   f"per-run test se ~{se_test:.3f}); gap to FP-SFT closed: {closed:.0%}")
+    return '\n'.join(out)
+
+
 def main(argv=None):
     global MODEL
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -75,7 +101,12 @@ def main(argv=None):
     ap.add_argument('--lr-ternary', type=float, default=None, help='lr of the two ternary arms (c, d); default --lr')
     ap.add_argument('--seq-len', type=int, default=128, help='data.seq_len (passages are ~100-200 tokens; cut from the start)')
     ap.add_argument('--precision', default='fp32', choices=['fp32', 'bf16'])
-    ap.add_argument('--n-test-per-genre', type=int, default=100, help='balanced test subsample (0: the whole test split)')
+    ap.add_argument('--seeds', type=int, nargs='+', default=[0], help='training.seed of every trained arm')
+    ap.add_argument('--start', default=None, help='Stages 1.9 + 2 output: the start of arms (d) and (e) (default: Stage 1)')
+    ap.add_argument('--stage1', default=None, help='Stage 1 output: the start of arm (c) (default: a Stage-1 run in --runs-dir)')
+    ap.add_argument('--warmup', type=int, default=0, help='training.warmup_steps of every trained arm')
+    ap.add_argument('--no-plain-sft', action='store_true', help='skip arm (e), ternary SFT from --start without KD')
+    ap.add_argument('--n-test-per-genre', type=int, default=0, help='balanced test subsample (0: the whole test split)')
     ap.add_argument('--eval-batch-size', type=int, default=16)
     ap.add_argument('--runs-dir', default=os.environ.get('WF_RUNS_DIR', 'runs'))
     ap.add_argument('--skip-stage1-eval', action='store_true', help='do not evaluate the untrained Stage-1 ternary model')
@@ -99,40 +130,49 @@ def main(argv=None):
     lr_t = a.lr if a.lr_ternary is None else a.lr_ternary
     common = [f'data.task={TASK}', f'training.max_steps={a.steps}', f'training.batch_size={a.batch_size}',
               f'data.seq_len={a.seq_len}', f'training.precision={a.precision}', 'logging.interval=1',
-              f'training.save_interval={a.steps}', 'training.warmup_steps=0', 'logging.progress=false']
+              f'training.save_interval={a.steps}', f'training.warmup_steps={a.warmup}', 'logging.progress=false']
     rd = ['--runs-dir', a.runs_dir]
     results, notes = [], {}
+    cur_seed = [None]   # the seed of the arm being evaluated (None: untrained models)
 
     cache = json.loads(Path(a.eval_cache).read_text()) if a.eval_cache and Path(a.eval_cache).exists() else {}
 
     def evaluate(name, model, steps, note, secs=None, key=None):
         "Test accuracy of `model` (a callable that loads it); cached under `key` (the checkpoint) with --eval-cache."
         t0 = time.time()
-        ck = json.dumps([key or name, len(test), a.n_test_per_genre, a.seq_len])
+        ck = json.dumps([key or name, len(test), a.n_test_per_genre, a.seq_len, 'calibrated'])
         if ck in cache: r = cache[ck]; log(f"[{name}] from --eval-cache {a.eval_cache}")
         else:
-            r = task_accuracy(model(), tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size)
-            r = {k: r[k] for k in ('accuracy', 'stderr', 'n', 'correct', 'confusion')}
+            r = task_accuracy(model(), tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size, calibrate=True)
+            r = {**{k: r[k] for k in ('accuracy', 'stderr', 'n', 'correct', 'confusion')},
+                 'cal_accuracy': r['calibrated']['accuracy'], 'cal_stderr': r['calibrated']['stderr'], 'cal_confusion': r['calibrated']['confusion']}
             if a.eval_cache:
                 cache[ck] = r; Path(a.eval_cache).write_text(json.dumps(cache, indent=1))
-        log(f"[{name}] acc {r['accuracy']:.3f} +- {r['stderr']:.3f} (n={r['n']}), eval {time.time() - t0:.0f}s, confusion {r['confusion']}")
+        log(f"[{name}] acc {r['accuracy']:.3f} +- {r['stderr']:.3f}, calibrated {r['cal_accuracy']:.3f} +- {r['cal_stderr']:.3f} "
+            f"(n={r['n']}), eval {time.time() - t0:.0f}s, confusion {r['confusion']}, calibrated {r['cal_confusion']}")
         results.append(dict(arm=name, steps=steps, accuracy=r['accuracy'], stderr=r['stderr'], n=r['n'],
-                            confusion=r['confusion'], train_s=secs, note=note))
+                            cal_accuracy=r['cal_accuracy'], cal_stderr=r['cal_stderr'],
+                            confusion=r['confusion'], train_s=secs, note=note, seed=cur_seed[0]))
 
     # (a) FP zero-shot
     evaluate('(a) FP zero-shot', lambda: load_fp_model(mc, seed=0), 0, 'SmolLM2-135M-Instruct (Q4_1), no training',
              key=f'fp:{MODEL}')
 
-    # Stage 1 (SubLN + ternary conversion, no training): the start of (c) and (d)
-    s1 = find(a.runs_dir, '1')
-    s1_secs = None
-    if s1 is None:
-        s1_secs = sh(['train', '-m', MODEL, '-s', '1', *rd], log); s1 = find(a.runs_dir, '1')
-    s1_out = output_of(s1)
-    log(f"stage 1 output: {s1_out}")
+    # Stage 1 (SubLN + ternary conversion, no training): the start of (c), and of (d)/(e) without --start
+    if a.stage1: s1_out, s1_secs = Path(a.stage1), None
+    else:
+        s1 = find(a.runs_dir, '1')
+        s1_secs = None
+        if s1 is None:
+            s1_secs = sh(['train', '-m', MODEL, '-s', '1', *rd], log); s1 = find(a.runs_dir, '1')
+        s1_out = output_of(s1)
+    start = Path(a.start) if a.start else s1_out
+    log(f"stage 1 output: {s1_out}; start of (d)/(e): {start}")
     if not a.skip_stage1_eval:
         evaluate('(s1) ternary, Stage 1 only', lambda: wf_nb.load(s1_out), 0, 'SubLN+ternary conversion, no training', s1_secs,
                  key=str(s1_out))
+        if a.start: evaluate('(s2) ternary, Stages 1.9 + 2', lambda: wf_nb.load(start), 0, 'the pipeline output, no task training',
+                             key=str(start))
 
     def arm(name, stage, extra, note, steps=None, **match):
         lr, steps = extra[0], steps or a.steps
@@ -162,22 +202,36 @@ def main(argv=None):
         results[-1].update(run=run.id, loss_first=rows[0]['loss'] if rows else None, loss_last=rows[-1]['loss'] if rows else None)
         return run, rows
 
-    # (b) FP-SFT (the teacher), (c) direct ternary SFT from Stage 1, (d) Stage 3 from Stage 1 with (b) as teacher
-    arm('(b) FP-SFT (teacher)', 'sft', [a.lr], f'lr {a.lr:g}', steps=a.teacher_steps, **{'training.checkpoint_path': ''})
-    arm('(c) ternary SFT (no KD)', 'sft', [lr_t, f'training.checkpoint_path={s1_out}'], f'from Stage 1, lr {lr_t:g}',
-        **{'training.checkpoint_path': str(s1_out)})
-    r3, rows3 = arm('(d) Stage 3 BitDistill', '3', [lr_t], f'from Stage 1, teacher (b), lr {lr_t:g}, T=5, lam_ld=10, gamma=1e5')
+    # per seed: (b) FP-SFT (the teacher), (c) direct ternary SFT from Stage 1, (e) ternary SFT from --start,
+    # (d) Stage 3 from --start with that seed's (b) as the teacher
+    runs3 = []
+    for seed in a.seeds:
+        cur_seed[0] = seed; sd = f'training.seed={seed}'; sk = {'training.seed': seed}
+        rb, _ = arm('(b) FP-SFT (teacher)', 'sft', [a.lr, sd], f'lr {a.lr:g}', steps=a.teacher_steps,
+                    **{'training.checkpoint_path': '', **sk})
+        arm('(c) ternary SFT from Stage 1', 'sft', [lr_t, sd, f'training.checkpoint_path={s1_out}'], f'lr {lr_t:g}',
+            **{'training.checkpoint_path': str(s1_out), **sk})
+        if a.start and not a.no_plain_sft:
+            arm('(e) ternary SFT from Stages 1.9+2', 'sft', [lr_t, sd, f'training.checkpoint_path={start}'], f'lr {lr_t:g}',
+                **{'training.checkpoint_path': str(start), **sk})
+        teacher = output_of(rb)
+        r3, rows3 = arm('(d) BitDistill (Stage 3)', '3', [lr_t, sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}'],
+                        f'lr {lr_t:g}, T=5, lam_ld=10, gamma=1e5', **{'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), **sk})
+        runs3.append((r3, rows3))
+    r3, rows3 = runs3[-1]
     teacher = r3.meta().get('teacher')
     parent = r3.meta().get('lineage', {}).get('parent_output')
 
     print(f'\n## Results: Shakespeare genre (3-way, by play), {MODEL}{" = SmolLM2-135M-Instruct (Q4_1)" if MODEL == "smollm2_135m" else ""}\n')
     print(f"steps {a.steps} (teacher {a.teacher_steps or a.steps}), batch {a.batch_size} x seq_len {a.seq_len}, lr {a.lr:g} (FP) / {lr_t:g} (ternary), "
           f"precision {a.precision}, test n = {len(test)} (balanced, plays unseen in training), chance = 0.333\n")
-    print('| arm | steps | test accuracy ± se | n | notes |')
-    print('|---|---|---|---|---|')
+    print('| arm | seed | steps | accuracy ± se | calibrated ± se | n | notes |')
+    print('|---|---|---|---|---|---|---|')
     for r in results:
         t = f"; train {r['train_s']:.0f}s" if r.get('train_s') else ''
-        print(f"| {r['arm']} | {r['steps']} | {r['accuracy']:.3f} ± {r['stderr']:.3f} | {r['n']} | {r['note']}{t} |")
+        print(f"| {r['arm']} | {'' if r['seed'] is None else r['seed']} | {r['steps']} | {r['accuracy']:.3f} ± {r['stderr']:.3f} | "
+              f"{r['cal_accuracy']:.3f} ± {r['cal_stderr']:.3f} | {r['n']} | {r['note']}{t} |")
+    print(summary(results))
     print(f"\nStage 3 run {r3.id}: parent {parent}, teacher {teacher}\n")
     if rows3:
         keys = ['loss', 'ce', 'kd', 'kd_weighted', 'attn', 'attn_weighted']
