@@ -226,12 +226,15 @@ def format_table(results: dict) -> str:
     if 'task' in results:
         r = results['task']
         lines.append(f"{'task ' + r.get('name', '') + ' acc':<28} {r['accuracy']:>12.4f} {r['stderr']:>10.4f} {r['n']:>8}")
+        if 'calibrated' in r:
+            c = r['calibrated']
+            lines.append(f"{'task ' + r.get('name', '') + ' acc (calibrated)':<28} {c['accuracy']:>12.4f} {c['stderr']:>10.4f} {c['n']:>8}")
     return '\n'.join(lines)
 
 def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokenizer=None, seq_len: int = 512,
              stride: int | None = None, batch_size: int = 4, max_tokens: int | None = None, limit: int | None = None,
-             max_len: int = 1024, log=print) -> dict:
-    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task`; table + JSON."
+             max_len: int = 1024, calibrate: bool = False, log=print) -> dict:
+    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task` (`calibrate`: also content-free calibrated); table + JSON."
     from wf_nb.tasks import load_task, task_accuracy, ClassificationTask
     if data is None and mc is None and task is None:
         raise ValueError("evaluate: nothing to do; give data=HELD_OUT_TEXT_OR_SHARDS, mc=CHOICES.jsonl and/or task=TASK")
@@ -263,8 +266,8 @@ def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokeni
             rows = [dict(r, label=str(r['label'])) for r in rows]
             tk = ClassificationTask(sorted({r['label'] for r in rows}), name=Path(task).stem)
         rows = rows[:limit]
-        r = task_accuracy(model, tokenizer, rows, tk, max_len=max_len, batch_size=batch_size)
-        r.pop('predictions'); r['name'] = tk.name
+        r = task_accuracy(model, tokenizer, rows, tk, max_len=max_len, batch_size=batch_size, calibrate=calibrate)
+        r.pop('predictions'); r.get('calibrated', {}).pop('predictions', None); r['name'] = tk.name
         res['task'] = r
     res['seconds'] = round(time.time() - t0, 2)
     log(f"evaluation of {src}\n" + format_table(res))
