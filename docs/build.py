@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / 'docs'
 CACHE = DOCS / '_cache'
-EXEC_VERSION = '2'                      # bump when `_exec_child` changes what it saves
+EXEC_VERSION = '3'                      # bump when `_exec_child` changes what it saves
 SKIP_FLAGS = ('slow', 'cuda')           # as nbdev_test (settings.ini tst_flags): these cells are not executed
 
 def page_name(nb_path: Path) -> str:
@@ -52,6 +52,7 @@ def _exec_child(src: str, dst: str):
     from fastcore.xtras import working_directory
     src = Path(src)
     os.environ['IN_TEST'] = '1'
+    os.environ.setdefault('TQDM_DISABLE', '1')            # progress bars are noise on a docs page
     nb = NBProcessor(src, rm_directives=False).nb      # parses the directives, changes nothing
     def skip(cell):
         if cell.cell_type != 'code': return True
@@ -80,6 +81,15 @@ def execute(nbs: list[Path], jobs: int = 2, timeout: int = 1800, log=print) -> d
         for nb, dst in ex.map(one, nbs):
             if dst: done[nb] = dst
     return done
+
+def _executed(nbs, execute_which: str, jobs: int, log) -> dict[Path, Path]:
+    "Executed copies: the notebooks `execute_which` names ('all', 'none', or names) run now or from the cache, any other cached."
+    names = execute_which.split(',')
+    want = nbs if execute_which == 'all' else [p for p in nbs if p.stem in names or p.name in names]
+    executed, lib = execute(want, jobs=jobs, log=log) if want else {}, _lib_hash()
+    for p in nbs:                                  # outputs of earlier runs of an unchanged notebook
+        if p not in executed and cached_path(p, lib).exists(): executed[p] = cached_path(p, lib)
+    return executed
 
 # ---------------------------------------------------------------- nbdev processing
 def _procs():
@@ -115,10 +125,9 @@ def _split_title_cell(nb):
             nb.cells.insert(i + 1, mk_cell(rest.strip(), 'markdown'))
         return
 
-def process(nb_path: Path, executed: Path | None = None):
+def process(nb_path: Path, executed: Path | None = None, quarto: bool = False):
     "`(notebook, front matter)`: the notebook (its executed copy when given) after nbdev's docs processors."
     from execnb.nbio import read_nb
-    from nbdev.process import NBProcessor
     nb = read_nb(executed or nb_path)
     nb.path_ = str(nb_path)
     _split_title_cell(nb)
@@ -126,10 +135,11 @@ def process(nb_path: Path, executed: Path | None = None):
     proc.process()
     nb = proc.nb
     fm = dict(getattr(nb, 'frontmatter_', {}) or {})
+    if quarto: return nb, fm                     # Quarto reads the front matter cell and the `#| echo: false` directives
     cells = []
     for c in nb.cells:
         if c.get('source') is None or c.cell_type == 'raw': continue
-        if c.cell_type == 'code':
+        if c.cell_type == 'code':                # nbconvert: directives become tags its TagRemovePreprocessor knows
             dirs = dict(re.findall(r'^#\|\s*([\w-]+):\s*(.*)$', c.source, re.M))
             c.source = '\n'.join(l for l in c.source.splitlines() if not l.startswith('#|')).strip()
             tags = []
@@ -161,7 +171,8 @@ def render_nb(nb) -> str:
         c.setdefault('metadata', {})
         if c['cell_type'] == 'code': c.setdefault('outputs', []); c.setdefault('execution_count', None)
     for k in [k for k in d if k.endswith('_')]: d.pop(k)
-    body, _ = _exporter().from_notebook_node(nbformat.from_dict(d))
+    from nbformat.v4.rwbase import rejoin_lines       # execnb saves multi-line outputs as lists of lines
+    body, _ = _exporter().from_notebook_node(rejoin_lines(nbformat.from_dict(d)))
     return body
 
 def render_md(text: str) -> str:
@@ -198,9 +209,36 @@ def readme_section(title_start: str) -> str:
     m = re.search(rf'^## {re.escape(title_start)}.*?(?=^## |\Z)', text, flags=re.M | re.S)
     return m[0].strip() if m else ''
 
+def quality_chart(section: str) -> str:
+    "README's quality table as a bar chart (a markdown image, inline PNG); '' when the table is not there."
+    import base64, io
+    rows = [[c.strip().strip('*').strip('`') for c in l.strip().strip('|').split('|')] for l in section.splitlines()
+            if l.startswith('|') and not set(l) <= set('|-: ')]
+    if len(rows) < 3: return ''
+    head, arms, vals = rows[0], [], []
+    for r in rows[1:]:
+        try: v = [float(x.replace(',', '')) for x in r[1:len(head) - 1]]
+        except ValueError: continue
+        arms.append(r[0]); vals.append(v)
+    if not arms: return ''
+    import matplotlib; matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    w = 0.8 / len(arms)
+    for i, (a, v) in enumerate(zip(arms, vals)):
+        ax.bar([j + i * w for j in range(len(v))], v, w, label=a[:60])
+    ax.set_yscale('log'); ax.set_ylabel('perplexity (log)'); ax.set_xticks([j + w * (len(arms) - 1) / 2 for j in range(len(head) - 2)], head[1:-1])
+    ax.legend(fontsize=7, frameon=False, loc='upper left', bbox_to_anchor=(1, 1)); ax.spines[['top', 'right']].set_visible(False)
+    buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=110, bbox_inches='tight'); plt.close(fig)
+    return f"![held-out perplexity of each arm](data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()})"
+
 def pipeline_md() -> str:
+    "docs/pipeline.md with its `{{README: heading}}` lines replaced by README's sections (and the quality table charted)."
     src = (DOCS / 'pipeline.md').read_text()
-    return re.sub(r'^\{\{README: (.+?)\}\}$', lambda m: readme_section(m[1]).replace('## ', '### ', 1), src, flags=re.M)
+    def section(m):
+        sec = readme_section(m[1])
+        return sec.replace('## ', '### ', 1) + ('\n\n' + quality_chart(sec) if m[1].startswith('Quality') else '')
+    return re.sub(r'^\{\{README: (.+?)\}\}$', section, src, flags=re.M)
 
 def report_pages(log=print) -> list[dict]:
     "Pages for papermill_runs/reports/** (notebooks and markdown) and for the benchmark scripts."
@@ -269,12 +307,7 @@ def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> li
     from nbdev.config import get_config
     cfg = get_config(path=ROOT)
     nbs = sorted((ROOT / 'nbs').glob('*.ipynb'), key=lambda p: (p.stem != 'index', p.stem))
-    want = nbs if execute_which == 'all' else [] if execute_which == 'none' else \
-        [p for p in nbs if p.stem in execute_which.split(',') or p.name in execute_which.split(',')]
-    lib = _lib_hash()
-    executed = execute(want, jobs=jobs, log=log) if want else {}
-    for p in nbs:                                  # outputs of earlier runs of an unchanged notebook
-        if p not in executed and cached_path(p, lib).exists(): executed[p] = cached_path(p, lib)
+    executed = _executed(nbs, execute_which, jobs, log)
     pages = []
     for p in nbs:
         nb, fm = process(p, executed.get(p))
@@ -305,11 +338,21 @@ def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> li
     shutil.rmtree(out, ignore_errors=True); tmp.rename(out)                    # never a half-built site
     return [out / p['name'] for p in pages]
 
-def build_quarto(out: Path, log=print):
-    "nbdev's own docs build (Quarto), copied to `out`."
-    subprocess.run(['nbdev_docs'], cwd=ROOT, check=True)
-    from nbdev.config import get_config
-    shutil.rmtree(out, ignore_errors=True); shutil.copytree(get_config(path=ROOT).doc_path, out)
+def build_quarto(out: Path, execute_which: str = 'all', jobs: int = 2, log=print):
+    "What `nbdev_docs` does (Quarto), with this file's processing: nbdev's quarto config, processed notebooks in _proc/, `quarto render`."
+    from nbdev.quarto import refresh_quarto_yml, nbdev_sidebar
+    from execnb.nbio import write_nb
+    nbs = sorted((ROOT / 'nbs').glob('*.ipynb'))
+    executed = _executed(nbs, execute_which, jobs, log)
+    refresh_quarto_yml(); nbdev_sidebar(force=True)            # nbdev's _quarto.yml and sidebar.yml in nbs/
+    proc = ROOT / '_proc'
+    shutil.rmtree(proc, ignore_errors=True); proc.mkdir()
+    for f in (ROOT / 'nbs').iterdir():
+        if f.suffix in ('.yml', '.css', '.scss') or f.name == '_extensions':
+            (shutil.copytree if f.is_dir() else shutil.copy)(f, proc / f.name)
+    for p in nbs: write_nb(process(p, executed.get(p), quarto=True)[0], proc / p.name)
+    (proc / 'pipeline.md').write_text(pipeline_md())
+    subprocess.run(['quarto', 'render', str(proc), '--output-dir', str(Path(out).resolve())], check=True, cwd=proc)
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -323,7 +366,7 @@ def main(argv=None):
     if a.exec_one: return _exec_child(*a.exec_one)
     t0 = time.time()
     if a.renderer == 'quarto' or (a.renderer == 'auto' and shutil.which('quarto')):
-        build_quarto(Path(a.out)); print(f"built the Quarto site in {a.out}"); return
+        build_quarto(Path(a.out), a.execute, a.jobs); print(f"built the Quarto site in {a.out}"); return
     pages = build(Path(a.out), a.execute, a.jobs)
     print(f"built {len(pages)} pages in {a.out} in {time.time() - t0:.0f}s")
 

@@ -72,7 +72,8 @@ def check_site(site: Path, shots: Path) -> dict:
             box.clear(); d.execute_script("document.getElementById('results').hidden = true")
             shots.mkdir(parents=True, exist_ok=True)
             d.save_screenshot(str(shots / 'landing-desktop.png'))
-            d.get((site / 'quant.html').as_uri()); d.save_screenshot(str(shots / 'quant-desktop.png'))
+            for name in ('quant', 'pipeline', 'lmeval'):
+                d.get((site / f'{name}.html').as_uri()); d.save_screenshot(str(shots / f'{name}-desktop.png'))
             d.set_window_size(390, 844)
             d.get((site / 'index.html').as_uri())
             phone = d.execute_script(PAGE_FACTS)
