@@ -237,7 +237,7 @@ def pipeline_md() -> str:
     src = (DOCS / 'pipeline.md').read_text()
     def section(m):
         sec = readme_section(m[1])
-        return sec.replace('## ', '### ', 1) + ('\n\n' + quality_chart(sec) if m[1].startswith('Quality') else '')
+        return sec + ('\n\n' + quality_chart(sec) if m[1].startswith('Quality') else '')
     return re.sub(r'^\{\{README: (.+?)\}\}$', section, src, flags=re.M)
 
 def report_pages(log=print) -> list[dict]:
