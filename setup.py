@@ -15,6 +15,7 @@ py_versions = '3.10 3.11 3.12 3.13'.split()
 
 requirements = shlex.split(cfg.get('requirements', ''))
 dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
+lmeval_requirements = shlex.split(cfg.get('lmeval_requirements', ''))
 lic = licenses[cfg['license']]
 min_python = cfg['min_python']
 console_scripts = cfg.get('console_scripts', '').split()
@@ -31,7 +32,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=['wf_nb', 'wf_nb.*']),
     include_package_data=True,
     install_requires=requirements,
-    extras_require={'dev': dev_requirements, 'cloud': shlex.split(cfg.get('cloud_requirements', ''))},
+    extras_require={'dev': dev_requirements, 'lmeval': lmeval_requirements, 'cloud': shlex.split(cfg.get('cloud_requirements', ''))},
     python_requires='>=' + cfg['min_python'],
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',

@@ -1,109 +1,374 @@
 """Build wf_nb's documentation site from the notebooks, offline.
 
-    python docs/build.py [--out docs/_site] [--execute]
+    python docs/build.py                     # execute the notebooks (cached), render every page into docs/_site/
+    python docs/build.py --execute none      # prose, code and API reference only (outputs from the cache where present)
+    python docs/build.py --execute 00_config,06_train     # execute only these (the others: cache or no outputs)
+    python docs/build.py --renderer quarto   # nbdev's own `nbdev_docs` (Quarto); the default when `quarto` is on PATH
 
-Quarto (what `nbdev_docs` uses) cannot be installed without downloading its binary, so this builds the site with
-nbdev's own notebook reading plus nbconvert: each notebook under nbs/ becomes one page, in dependency order, with
-`#|` directives stripped, `#| hide` cells removed, and every exported function or class followed by its rendered
-signature and docstring (what nbdev's `show_doc` adds). `--execute` runs the notebooks first so pages show outputs
-(slow on a CPU; the default pages show code only). The executed ablation reports of papermill_runs/reports/*/*/ get a
-page each, with their committed outputs. Where Quarto is installed, `nbdev_docs` works as usual.
+The pages come out of nbdev's own notebook processing: `nbdev.process.NBProcessor` with nbdev's docs processors
+(`nbdev.processors.FilterDefaults`: front matter, `add_show_docs`, `hide`, `rm_export`, `add_links`, ...), so every
+exported function and class gets nbdev's `show_doc` (signature, docstring, parameter table) where it is defined, and
+backticked names link to their reference. One processor is swapped: nbdev's `exec_show_docs` runs each notebook's
+import and export cells in a kernel to evaluate `show_doc`, which fails on cells that mix imports with code; here
+`show_doc` is evaluated against the module the notebook exports to, which holds the same objects.
+
+Quarto cannot be installed offline (its PyPI package downloads a binary), so without it the processed notebooks are
+rendered with nbconvert into one site: a sidebar in reading order, a search box (a prebuilt index, no server), a
+landing page with the quick start (nbs/index.ipynb), a "Pipeline" page (docs/pipeline.md, with README's measured
+tables), and the reports (papermill_runs/reports/**, benchmark scripts). Executed notebooks are cached in
+docs/_cache/ by content hash, so a rebuild re-executes only what changed.
 """
-import argparse, html, importlib, inspect, json, re, shutil, sys
+from __future__ import annotations
+import argparse, hashlib, html, importlib, json, os, re, shutil, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DIRECTIVE = re.compile(r'^\s*#\|\s*(.*)$')
+DOCS = ROOT / 'docs'
+CACHE = DOCS / '_cache'
+EXEC_VERSION = '3'                      # bump when `_exec_child` changes what it saves
+SKIP_FLAGS = ('slow', 'cuda')           # as nbdev_test (settings.ini tst_flags): these cells are not executed
 
-def directives(src: str) -> dict:
-    "The `#| key value` lines at the top of a cell."
-    out = {}
-    for line in src.splitlines():
-        m = DIRECTIVE.match(line)
-        if not m: break
-        key, _, val = m.group(1).partition(' ')
-        out[key.strip()] = val.strip()
+def page_name(nb_path: Path) -> str:
+    "The page a notebook becomes: nbdev's naming (`01_quant.ipynb` -> `quant.html`), which its doc links use."
+    from nbdev.frontmatter import _nbpath2html
+    return _nbpath2html(Path(nb_path)).name
+
+# ---------------------------------------------------------------- execution (cached, in child processes)
+def _lib_hash() -> str:
+    h = hashlib.sha256()
+    for p in sorted((ROOT / 'wf_nb').glob('*.py')): h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+def cached_path(nb: Path, lib: str) -> Path:
+    key = hashlib.sha256(nb.read_bytes() + EXEC_VERSION.encode()).hexdigest()[:16]
+    return CACHE / f"{nb.stem}-{key}-{lib}.ipynb"
+
+def _exec_child(src: str, dst: str):
+    "Run one notebook as nbdev_test does (skipping `slow`/`cuda` cells) and save it with its outputs."
+    from nbdev.process import NBProcessor
+    from execnb.nbio import write_nb
+    from execnb.shell import CaptureShell
+    from fastcore.xtras import working_directory
+    src = Path(src)
+    os.environ['IN_TEST'] = '1'
+    os.environ.setdefault('TQDM_DISABLE', '1')            # progress bars are noise on a docs page
+    nb = NBProcessor(src, rm_directives=False).nb      # parses the directives, changes nothing
+    def skip(cell):
+        if cell.cell_type != 'code': return True
+        d = getattr(cell, 'directives_', {}) or {}
+        return d.get('eval:', [''])[0].lower() == 'false' or bool(set(SKIP_FLAGS) & d.keys())
+    k = CaptureShell(src)
+    with working_directory(src.parent): k.run_all(nb, exc_stop=True, preproc=skip)
+    for c in nb.cells: c.pop('directives_', None)
+    tmp = Path(dst).with_suffix('.tmp'); write_nb(nb, tmp); os.replace(tmp, dst)
+
+def execute(nbs: list[Path], jobs: int = 2, timeout: int = 1800, log=print) -> dict[Path, Path]:
+    "Executed copies of `nbs` (from the cache, or run now, `jobs` at a time); a notebook that fails keeps no outputs."
+    CACHE.mkdir(parents=True, exist_ok=True)
+    lib, done = _lib_hash(), {}
+    def one(nb):
+        dst = cached_path(nb, lib)
+        if dst.exists(): return nb, dst
+        for old in CACHE.glob(f'{nb.stem}-*.ipynb'): old.unlink()
+        t0 = time.time()
+        r = subprocess.run([sys.executable, __file__, '--exec-one', str(nb), str(dst)], capture_output=True, text=True,
+                           timeout=timeout, env={**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')})
+        if r.returncode or not dst.exists():
+            log(f"  ! {nb.name} failed to execute; its page shows no outputs\n{r.stderr[-1500:]}"); return nb, None
+        log(f"  executed {nb.name} in {time.time() - t0:.0f}s"); return nb, dst
+    with ThreadPoolExecutor(jobs) as ex:
+        for nb, dst in ex.map(one, nbs):
+            if dst: done[nb] = dst
+    return done
+
+def _executed(nbs, execute_which: str, jobs: int, log) -> dict[Path, Path]:
+    "Executed copies: the notebooks `execute_which` names ('all', 'none', or names) run now or from the cache, any other cached."
+    names = execute_which.split(',')
+    want = nbs if execute_which == 'all' else [p for p in nbs if p.stem in names or p.name in names]
+    executed, lib = execute(want, jobs=jobs, log=log) if want else {}, _lib_hash()
+    for p in nbs:                                  # outputs of earlier runs of an unchanged notebook
+        if p not in executed and cached_path(p, lib).exists(): executed[p] = cached_path(p, lib)
+    return executed
+
+# ---------------------------------------------------------------- nbdev processing
+def _procs():
+    from nbdev.processors import FilterDefaults, exec_show_docs, Processor, _default_exp, _show_docs
+    from nbdev.showdoc import show_doc
+
+    class show_docs_from_lib(Processor):
+        "nbdev's `exec_show_docs`, evaluated against the exported module instead of a kernel replaying the notebook."
+        def begin(self):
+            mod = _default_exp(self.nb)
+            self.ns = dict(vars(importlib.import_module('wf_nb' if mod in (None, '__init__') else f'wf_nb.{mod}')))
+            self.ns['show_doc'] = show_doc
+        def __call__(self, cell):
+            if cell.cell_type != 'code' or not cell.source or not _show_docs(cell.parsed_()): return
+            body = '\n'.join(l for l in cell.source.splitlines() if not l.startswith('#|'))
+            md = eval(body.strip(), self.ns)._repr_markdown_()
+            cell.outputs = [{'output_type': 'display_data', 'metadata': {}, 'data': {'text/markdown': md}}]
+
+    class Procs(FilterDefaults):
+        def base_procs(self):
+            return [show_docs_from_lib if p is exec_show_docs else p for p in super().base_procs()]
+    return Procs()
+
+def _split_title_cell(nb):
+    "nbdev takes the first markdown cell as front matter (`# title`, `> summary`); keep what follows them as prose."
+    from execnb.nbio import mk_cell
+    for i, c in enumerate(nb.cells):
+        if c.cell_type != 'markdown': continue
+        m = re.match(r'\s*#\s+[^\n]+\n+(?:>[^\n]*\n?)*', c.source)
+        if m and c.source[m.end():].strip():
+            rest = c.source[m.end():]
+            c.source = c.source[:m.end()].strip()
+            nb.cells.insert(i + 1, mk_cell(rest.strip(), 'markdown'))
+        return
+
+def process(nb_path: Path, executed: Path | None = None, quarto: bool = False):
+    "`(notebook, front matter)`: the notebook (its executed copy when given) after nbdev's docs processors."
+    from execnb.nbio import read_nb
+    nb = read_nb(executed or nb_path)
+    nb.path_ = str(nb_path)
+    _split_title_cell(nb)
+    proc = _procs().nb_proc(nb)
+    proc.process()
+    nb = proc.nb
+    fm = dict(getattr(nb, 'frontmatter_', {}) or {})
+    if quarto: return nb, fm                     # Quarto reads the front matter cell and the `#| echo: false` directives
+    cells = []
+    for c in nb.cells:
+        if c.get('source') is None or c.cell_type == 'raw': continue
+        if c.cell_type == 'code':                # nbconvert: directives become tags its TagRemovePreprocessor knows
+            dirs = dict(re.findall(r'^#\|\s*([\w-]+):\s*(.*)$', c.source, re.M))
+            c.source = '\n'.join(l for l in c.source.splitlines() if not l.startswith('#|')).strip()
+            tags = []
+            if dirs.get('echo') == 'false' or not c.source: tags.append('remove_input')
+            if dirs.get('output') == 'false': tags.append('remove_output')
+            c.metadata = {'tags': tags}
+            if not c.source and not c.get('outputs'): continue
+        elif not c.source.strip(): continue
+        cells.append(c)
+    nb.cells = cells
+    return nb, fm
+
+# ---------------------------------------------------------------- rendering
+def _exporter():
+    from nbconvert import HTMLExporter
+    from traitlets.config import Config
+    c = Config()
+    c.TagRemovePreprocessor.enabled = True
+    c.TagRemovePreprocessor.remove_input_tags = {'remove_input'}
+    c.TagRemovePreprocessor.remove_all_outputs_tags = {'remove_output'}
+    c.HTMLExporter.exclude_anchor_links = False
+    return HTMLExporter(config=c, template_name='basic')
+
+def render_nb(nb) -> str:
+    import nbformat
+    d = json.loads(json.dumps(nb, default=lambda o: None))
+    for c in d['cells']:
+        for k in [k for k in c if k.endswith('_')]: c.pop(k)
+        c.setdefault('metadata', {})
+        if c['cell_type'] == 'code': c.setdefault('outputs', []); c.setdefault('execution_count', None)
+    for k in [k for k in d if k.endswith('_')]: d.pop(k)
+    from nbformat.v4.rwbase import rejoin_lines       # execnb saves multi-line outputs as lists of lines
+    body, _ = _exporter().from_notebook_node(rejoin_lines(nbformat.from_dict(d)))
+    return body
+
+def render_md(text: str) -> str:
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
+    return _exporter().from_notebook_node(nb)[0]
+
+def _links(body: str, doc_host: str) -> str:
+    "nbdev's doc links point at `doc_host` and at lower-case anchors (Quarto's); on this site they are relative."
+    body = body.replace(f'href="{doc_host.rstrip("/")}/', 'href="')
+    body = re.sub(r'\{target="_blank"[^}]*\}', '', body).replace('#LNone"', '"')     # Quarto link attributes nbconvert shows as text
+    ids = set(re.findall(r'\bid="([^"]+)"', body))
+    def lower_anchor(m):
+        low = m[2].lower()
+        if low in ids: return m[0]
+        ids.add(low); return f'<span id="{low}" class="anchor"></span>{m[0]}'
+    body = re.sub(r'(<h[1-4][^>]*\bid="([^"]+)")', lower_anchor, body)
+    return re.sub(r'href="([\w.-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{page_name(Path(m[1] + ".ipynb"))}{m[2] or ""}"', body)
+
+def _text(body: str) -> str:
+    t = re.sub(r'<(script|style)\b.*?</\1>', ' ', body, flags=re.S)
+    return html.unescape(re.sub(r'\s+', ' ', re.sub(r'<[^>]+>', ' ', t))).strip()
+
+def _headings(body: str, level: int = 2) -> list[tuple[str, str]]:
+    out = []
+    for m in re.finditer(rf'<h{level}[^>]*\bid="([^"]+)"[^>]*>(.*?)</h{level}>', body, flags=re.S):
+        out.append((m[1], html.unescape(re.sub(r'<[^>]+>|¶', '', m[2])).strip()))
     return out
 
-def strip_directives(src: str) -> str:
-    lines = src.splitlines()
-    while lines and DIRECTIVE.match(lines[0]): lines.pop(0)
-    return '\n'.join(lines)
+# ---------------------------------------------------------------- site pages
+def readme_section(title_start: str) -> str:
+    "The README section whose `## ` heading starts with `title_start` (heading included)."
+    text = (ROOT / 'README.md').read_text()
+    m = re.search(rf'^## {re.escape(title_start)}.*?(?=^## |\Z)', text, flags=re.M | re.S)
+    return m[0].strip() if m else ''
 
-def exported_names(src: str) -> list[str]:
-    "Top-level functions and classes defined in an exported cell."
-    return re.findall(r'^(?:def|class)\s+([A-Za-z]\w*)', src, flags=re.M)
+def quality_chart(section: str) -> str:
+    "README's quality table as a bar chart (a markdown image, inline PNG); '' when the table is not there."
+    import base64, io
+    rows = [[c.strip().strip('*').strip('`') for c in l.strip().strip('|').split('|')] for l in section.splitlines()
+            if l.startswith('|') and not set(l) <= set('|-: ')]
+    if len(rows) < 3: return ''
+    head, arms, vals = rows[0], [], []
+    for r in rows[1:]:
+        try: v = [float(x.replace(',', '')) for x in r[1:len(head) - 1]]
+        except ValueError: continue
+        arms.append(r[0]); vals.append(v)
+    if not arms: return ''
+    import matplotlib; matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    w = 0.8 / len(arms)
+    for i, (a, v) in enumerate(zip(arms, vals)):
+        ax.bar([j + i * w for j in range(len(v))], v, w, label=a[:60])
+    ax.set_yscale('log'); ax.set_ylabel('perplexity (log)'); ax.set_xticks([j + w * (len(arms) - 1) / 2 for j in range(len(head) - 2)], head[1:-1])
+    ax.legend(fontsize=7, frameon=False, loc='upper left', bbox_to_anchor=(1, 1)); ax.spines[['top', 'right']].set_visible(False)
+    buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=110, bbox_inches='tight'); plt.close(fig)
+    return f"![held-out perplexity of each arm](data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()})"
 
-def show_doc(obj, name: str) -> str:
-    "Markdown for an object's signature and docstring (a small `show_doc`)."
-    try: sig = str(inspect.signature(obj))
-    except (TypeError, ValueError): sig = ''
-    kind = 'class' if inspect.isclass(obj) else 'def'
-    doc = inspect.getdoc(obj) or ''
-    return f"#### `{name}`\n\n```python\n{kind} {name}{sig}\n```\n\n{doc}\n"
+def pipeline_md() -> str:
+    "docs/pipeline.md with its `{{README: heading}}` lines replaced by README's sections (and the quality table charted)."
+    src = (DOCS / 'pipeline.md').read_text()
+    def section(m):
+        sec = readme_section(m[1])
+        return sec + ('\n\n' + quality_chart(sec) if m[1].startswith('Quality') else '')
+    return re.sub(r'^\{\{README: (.+?)\}\}$', section, src, flags=re.M)
 
-def process(nb_path: Path) -> tuple[dict, str, str]:
-    "The notebook as a docs page (nbformat dict), its title and its one-line summary."
-    nb = json.loads(nb_path.read_text())
-    module, cells, title, summary = None, [], nb_path.stem, ''
-    for c in nb['cells']:
-        src = ''.join(c['source']) if isinstance(c['source'], list) else c['source']
-        if c['cell_type'] == 'markdown':
-            if title == nb_path.stem and (m := re.search(r'^#\s+(.+)$', src, re.M)): title = m.group(1).strip()
-            if not summary and (m := re.search(r'^>\s+(.+)$', src, re.M)): summary = m.group(1).strip()
-            cells.append({**c, 'source': src}); continue
-        d = directives(src)
-        if 'default_exp' in d: module = d['default_exp']; continue
-        if 'hide' in d or 'exporti' in d: continue
-        body = strip_directives(src)
-        if not body.strip(): continue
-        cells.append({**c, 'source': body, 'outputs': c.get('outputs', [])})
-        if 'export' in d and module:
-            mod = importlib.import_module('wf_nb' if module == '__init__' else f'wf_nb.{module}')
-            for name in exported_names(body):
-                if hasattr(mod, name):
-                    cells.append({'cell_type': 'markdown', 'metadata': {}, 'source': show_doc(getattr(mod, name), name)})
-    page = {**nb, 'cells': cells}
-    return page, title, summary
-
-def build(out: Path, execute: bool = False) -> list[Path]:
-    "Render every notebook to `out/NAME.html` and write `out/index.html`; returns the pages."
-    import nbformat
-    from nbconvert import HTMLExporter
-    if execute:
-        from nbconvert.preprocessors import ExecutePreprocessor
-    nbs = sorted((ROOT/'nbs').glob('*.ipynb'), key=lambda p: (p.stem != 'index', p.stem))
-    tmp = out.with_name(out.name + '.tmp')
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    exporter = HTMLExporter(template_name='lab')
-    toc, pages = [], []
-    for p in nbs:
-        page, title, summary = process(p)
-        nb = nbformat.from_dict(page)
-        if execute: ExecutePreprocessor(timeout=1800).preprocess(nb, {'metadata': {'path': str(ROOT/'nbs')}})
-        body, _ = exporter.from_notebook_node(nb, resources={'metadata': {'name': title}})
-        name = 'home.html' if p.stem == 'index' else f'{p.stem}.html'
-        (tmp/name).write_text(body)
-        toc.append((name, title, summary)); pages.append(out/name)
-    for rep in sorted((ROOT/'papermill_runs'/'reports').glob('*/*/report.ipynb')):   # executed ablation reports, outputs as committed
-        nb = nbformat.read(str(rep), as_version=4)
-        title = f"Ablation report: {rep.parent.parent.name} ({rep.parent.name} protocol)"
-        body, _ = exporter.from_notebook_node(nb, resources={'metadata': {'name': title}})
-        name = f'ablation-{rep.parent.parent.name}-{rep.parent.name}.html'
-        (tmp/name).write_text(body)
-        cmd = (rep.parent/'command.txt').read_text().strip() if (rep.parent/'command.txt').exists() else ''
-        toc.append((name, title, cmd)); pages.append(out/name)
-    items = '\n'.join(f'<li><a href="{n}">{html.escape(t)}</a> <span>{html.escape(s)}</span></li>' for n, t, s in toc)
-    (tmp/'index.html').write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>wf_nb</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:56rem;margin:2rem auto;line-height:1.5}}span{{color:#555}}</style>
-</head><body><h1>wf_nb</h1><p>Notebook-first training of 1.58-bit and small efficient LLMs. The notebooks, in reading order:</p>
-<ol>{items}</ol></body></html>""")
-    shutil.rmtree(out, ignore_errors=True); tmp.rename(out)   # never a half-built site
+def report_pages(log=print) -> list[dict]:
+    "Pages for papermill_runs/reports/** (notebooks and markdown) and for the benchmark scripts."
+    pages = []
+    rep = ROOT / 'papermill_runs' / 'reports'
+    for p in sorted(rep.rglob('*')) if rep.exists() else []:
+        if p.suffix not in ('.ipynb', '.md') or any(s.startswith('.') for s in p.parts): continue
+        rel = p.relative_to(rep)
+        name = 'report-' + re.sub(r'[^\w.-]+', '-', str(rel.with_suffix(''))) + '.html'
+        if p.suffix == '.md':
+            text = p.read_text(); m = re.search(r'^#\s+(.+)$', text, re.M)
+            body = render_md(text if m else f'# {rel.stem}\n\n{text}'); title = m[1] if m else rel.stem
+        else:
+            nb = json.loads(p.read_text())
+            for c in nb['cells']: c.setdefault('metadata', {})
+            title = next((m[1] for c in nb['cells'] if c['cell_type'] == 'markdown'
+                          for m in [re.search(r'^#\s+(.+)$', ''.join(c['source']), re.M)] if m), rel.stem)
+            import nbformat
+            body = _exporter().from_notebook_node(nbformat.from_dict(nb))[0]
+            if not re.search(r'<h1', body): body = f'<h1>{html.escape(title)}</h1>' + body
+        pages.append(dict(name=name, title=title, summary=str(rel), body=body, group='Reports'))
+    benches = sorted((ROOT / 'tests' / 'benchmarks').glob('*.py'))
+    if benches:
+        import ast
+        parts = ['# Benchmarks and experiments\n\nEach script prints its tables; run it from the repository root. '
+                 'The measured results are in the [Pipeline](pipeline.html) page and the notebooks.\n']
+        for b in benches:
+            doc = ast.get_docstring(ast.parse(b.read_text())) or ''
+            parts.append(f"## `{b.name}`\n\n```bash\npython tests/benchmarks/{b.name}\n```\n\n{doc}\n")
+        pages.append(dict(name='benchmarks.html', title='Benchmarks and experiments', summary='tests/benchmarks/*.py',
+                          body=render_md('\n'.join(parts)), group='Reports'))
     return pages
 
-if __name__ == '__main__':
+# ---------------------------------------------------------------- layout
+def _code(text: str) -> str: return re.sub(r'`([^`]+)`', r'<code>\1</code>', html.escape(text))
+
+def layout(page: dict, pages: list[dict], site_title: str) -> str:
+    groups = {}
+    for p in pages: groups.setdefault(p['group'], []).append(p)
+    nav = ''.join(f'<div class="nav-group"><div class="nav-title">{html.escape(g)}</div><ul>' + ''.join(
+        f'<li><a href="{p["name"]}"{" class=current" if p is page else ""}>{_code(p["title"])}</a></li>' for p in ps)
+        + '</ul></div>' for g, ps in groups.items())
+    toc = ''.join(f'<li><a href="#{i}">{html.escape(t)}</a></li>' for i, t in _headings(page['body']))
+    toc = f'<nav class="toc"><div class="nav-title">On this page</div><ul>{toc}</ul></nav>' if toc else ''
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(page['title'].replace('`', ''))} - {html.escape(site_title)}</title>
+<meta name="description" content="{html.escape(page.get('summary', ''))}">
+<link rel="stylesheet" href="assets/site.css"></head>
+<body>
+<header class="top"><button class="menu" aria-label="menu" onclick="document.body.classList.toggle('nav-open')">&#9776;</button>
+<a class="brand" href="index.html">{html.escape(site_title)}</a>
+<div class="search"><input id="search" type="search" placeholder="Search the docs" aria-label="Search" autocomplete="off">
+<div id="results" class="results" hidden></div></div></header>
+<div class="wrap"><aside class="sidebar">{nav}</aside>
+<main class="content">{page['body']}
+<footer class="foot">Built from the notebooks with nbdev's processors and nbconvert by <code>python docs/build.py</code>.</footer></main>
+{toc}</div>
+<script src="assets/search_index.js"></script><script src="assets/site.js"></script>
+</body></html>"""
+
+# ---------------------------------------------------------------- build
+def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> list[Path]:
+    "Render every notebook, the landing/pipeline/report pages, the search index and assets into `out` (atomically)."
+    sys.path.insert(0, str(ROOT))
+    from nbdev.config import get_config
+    cfg = get_config(path=ROOT)
+    nbs = sorted((ROOT / 'nbs').glob('*.ipynb'), key=lambda p: (p.stem != 'index', p.stem))
+    executed = _executed(nbs, execute_which, jobs, log)
+    pages = []
+    for p in nbs:
+        nb, fm = process(p, executed.get(p))
+        title = fm.get('title') or p.stem
+        body = render_nb(nb)
+        lead = _code(fm.get('description', ''))
+        head = f'<h1>{_code(title)}</h1>' + (f'<p class="lead">{lead}</p>' if lead else '')
+        if p.stem != 'index':
+            head += f'<p class="src">Source: <code>nbs/{p.name}</code>' + ('' if p in executed else ' (shown without running; build with <code>--execute</code> for outputs)') + '</p>'
+        body = _links(head + body, cfg.doc_host)
+        pages.append(dict(name=page_name(p), title=('Home' if p.stem == 'index' else title), summary=fm.get('description', ''),
+                          body=body, group='Start' if p.stem == 'index' else 'Library'))
+    pages.insert(1, dict(name='pipeline.html', title='The pipeline', summary='Stage 1 -> 1.9 -> 2 -> 3, with the measured tables',
+                         body=_links(render_md(pipeline_md()), cfg.doc_host), group='Start'))
+    pages += report_pages(log)
+    cards = ''.join(f'<a class="card" href="{p["name"]}"><b>{_code(p["title"])}</b><span>{_code(p.get("summary", ""))}</span></a>'
+                    for p in pages[1:])
+    pages[0]['body'] += f'<h2 id="all-pages">All pages</h2><div class="cards">{cards}</div>'
+    tmp = out.with_name(out.name + '.tmp')
+    shutil.rmtree(tmp, ignore_errors=True); (tmp / 'assets').mkdir(parents=True)
+    for p in pages: (tmp / p['name']).write_text(layout(p, pages, cfg.title))
+    index = [dict(u=p['name'], t=p['title'], s=p.get('summary', ''), h=[[i, t] for i, t in _headings(p['body'], 2) + _headings(p['body'], 3)],
+                  x=_text(p['body'])[:40000]) for p in pages]
+    (tmp / 'assets' / 'search_index.js').write_text('window.SEARCH_INDEX = ' + json.dumps(index) + ';\n')
+    for a in ('site.css', 'site.js'): shutil.copy(DOCS / 'assets' / a, tmp / 'assets' / a)
+    from pygments.formatters import HtmlFormatter
+    (tmp / 'assets' / 'site.css').write_text((DOCS / 'assets' / 'site.css').read_text() + '\n' + HtmlFormatter(style='friendly').get_style_defs('.highlight'))
+    shutil.rmtree(out, ignore_errors=True); tmp.rename(out)                    # never a half-built site
+    return [out / p['name'] for p in pages]
+
+def build_quarto(out: Path, execute_which: str = 'all', jobs: int = 2, log=print):
+    "What `nbdev_docs` does (Quarto), with this file's processing: nbdev's quarto config, processed notebooks in _proc/, `quarto render`."
+    from nbdev.quarto import refresh_quarto_yml, nbdev_sidebar
+    from execnb.nbio import write_nb
+    nbs = sorted((ROOT / 'nbs').glob('*.ipynb'))
+    executed = _executed(nbs, execute_which, jobs, log)
+    refresh_quarto_yml(); nbdev_sidebar(force=True)            # nbdev's _quarto.yml and sidebar.yml in nbs/
+    proc = ROOT / '_proc'
+    shutil.rmtree(proc, ignore_errors=True); proc.mkdir()
+    for f in (ROOT / 'nbs').iterdir():
+        if f.suffix in ('.yml', '.css', '.scss') or f.name == '_extensions':
+            (shutil.copytree if f.is_dir() else shutil.copy)(f, proc / f.name)
+    for p in nbs: write_nb(process(p, executed.get(p), quarto=True)[0], proc / p.name)
+    (proc / 'pipeline.md').write_text(pipeline_md())
+    subprocess.run(['quarto', 'render', str(proc), '--output-dir', str(Path(out).resolve())], check=True, cwd=proc)
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('--out', default=str(ROOT/'docs'/'_site')); ap.add_argument('--execute', action='store_true')
-    a = ap.parse_args()
-    pages = build(Path(a.out), a.execute)
-    print(f"built {len(pages)} pages + index.html in {a.out}")
+    ap.add_argument('--out', default=str(DOCS / '_site'))
+    ap.add_argument('--execute', default='all', help="'all' (default), 'none', or notebook names, comma-separated")
+    ap.add_argument('--jobs', type=int, default=2, help='notebooks executed at once')
+    ap.add_argument('--renderer', choices=['auto', 'nbconvert', 'quarto'], default='auto',
+                    help='auto: quarto when it is on PATH, else nbconvert')
+    ap.add_argument('--exec-one', nargs=2, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.exec_one: return _exec_child(*a.exec_one)
+    t0 = time.time()
+    if a.renderer == 'quarto' or (a.renderer == 'auto' and shutil.which('quarto')):
+        build_quarto(Path(a.out), a.execute, a.jobs); print(f"built the Quarto site in {a.out}"); return
+    pages = build(Path(a.out), a.execute, a.jobs)
+    print(f"built {len(pages)} pages in {a.out} in {time.time() - t0:.0f}s")
+
+if __name__ == '__main__':
+    main()

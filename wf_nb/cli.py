@@ -110,6 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument('--seq-len', type=int, default=512, help='perplexity window'); e.add_argument('--stride', type=int)
     e.add_argument('--limit', type=int, help='at most this many MC items / task examples')
     e.add_argument('--max-tokens', type=int, help='score at most this many tokens of --data')
+    e.add_argument('--lm-eval', metavar='TASKS', help='lm-evaluation-harness tasks, comma-separated: wf_shakespeare_genre, '
+                   'wf_shakespeare_cloze (offline, built in), a task YAML, a --mc style JSONL file, or a harness task name')
+    e.add_argument('--calibrate', action='store_true', help='--task: also report content-free calibrated accuracy (Zhao et al. 2021)')
+    e.add_argument('--num-fewshot', type=int, help='few-shot examples for --lm-eval tasks (default: the task\'s own)')
 
     x = sub.add_parser('export', help='packed ternary export')
     x.add_argument('src'); x.add_argument('--format', default='hf-bitnet', choices=['hf-bitnet', 'gguf', 'wf-packed'])
@@ -322,8 +326,13 @@ def _dispatch(a):
     if a.cmd == 'eval':
         from wf_nb.evaluate import evaluate
         _check_eval_inputs(a)
+        if a.lm_eval:
+            from wf_nb.lmeval import lm_evaluate
+            lm_evaluate(resolve_checkpoint(a.src, a.runs_dir), a.lm_eval, data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
+                        limit=a.limit, num_fewshot=a.num_fewshot, seq_len=a.seq_len, stride=a.stride, max_tokens=a.max_tokens,
+                        calibrate=a.calibrate); return 0
         evaluate(resolve_checkpoint(a.src, a.runs_dir), data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
-                 seq_len=a.seq_len, stride=a.stride, limit=a.limit, max_tokens=a.max_tokens); return 0
+                 seq_len=a.seq_len, stride=a.stride, limit=a.limit, max_tokens=a.max_tokens, calibrate=a.calibrate); return 0
     if a.cmd == 'export':
         from wf_nb.export import export_model, format_size_report
         rep = export_model(resolve_checkpoint(a.src, a.runs_dir), fmt=a.format, out=a.out, overwrite=a.overwrite)

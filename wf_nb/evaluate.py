@@ -12,8 +12,8 @@ import torch.nn as nn
 from .tasks import mean_stderr, read_jsonl, TaskFormatError
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'windows', 'token_docs', 'perplexity', 'choice_logprobs', 'multiple_choice', 'generate',
-           'load_for_eval', 'format_table', 'evaluate']
+__all__ = ['TEXT_SUFFIXES', 'windows', 'token_docs', 'perplexity', 'encode_pair', 'choice_logprobs', 'multiple_choice',
+           'generate', 'load_for_eval', 'format_table', 'evaluate']
 
 # %% ../nbs/08_eval.ipynb #2a446834
 def windows(n: int, seq_len: int, stride: int | None = None) -> list[tuple[int, int, int]]:
@@ -107,15 +107,21 @@ def perplexity(model, data, tokenizer=None, seq_len: int = 512, stride: int | No
                 stride=stride or seq_len - 1)
 
 # %% ../nbs/08_eval.ipynb #05821b8f
+def encode_pair(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
+    "lm-evaluation-harness's split: trailing spaces of `context` move to `choice`; the pair is tokenized whole, then cut at the context's length."
+    n = len(context) - len(context.rstrip())
+    if n: context, choice = context[:-n], context[-n:] + choice
+    ctx = tokenizer(context, add_special_tokens=False).input_ids
+    return ctx, tokenizer(context + choice, add_special_tokens=False).input_ids[len(ctx):]
+
 @torch.no_grad()
 def choice_logprobs(model, tokenizer, context: str, choices: list[str], max_len: int = 1024) -> list[float]:
     "Summed log-probability of each choice's tokens following `context`."
     dev = next(model.parameters()).device
-    ctx = tokenizer(context, add_special_tokens=False).input_ids
     outs = []
     encs = []
     for c in choices:
-        ct = tokenizer(c, add_special_tokens=False).input_ids
+        ctx, ct = encode_pair(tokenizer, context, c)
         if not ct: raise TaskFormatError(f"choice {c!r} tokenizes to nothing")
         if len(ct) >= max_len or not ctx: raise TaskFormatError(f"choice {c[:40]!r}: needs a non-empty context and fewer than max_len={max_len} tokens")
         full = (ctx + ct)[-max_len:]
@@ -185,9 +191,10 @@ def load_for_eval(src, dtype=None):
     p = Path(str(src)).expanduser()
     if p.is_dir():
         from transformers import AutoTokenizer
+        from wf_nb.export import is_packed_dir, load_packed
         try:
             from wf_nb.convert import load
-            model = load(p, dtype=dtype)
+            model = (load_packed if is_packed_dir(p) else load)(p, dtype=dtype)   # packed: a `wf export` output
         except ImportError:
             from transformers import AutoModelForCausalLM
             model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32)
@@ -219,12 +226,15 @@ def format_table(results: dict) -> str:
     if 'task' in results:
         r = results['task']
         lines.append(f"{'task ' + r.get('name', '') + ' acc':<28} {r['accuracy']:>12.4f} {r['stderr']:>10.4f} {r['n']:>8}")
+        if 'calibrated' in r:
+            c = r['calibrated']
+            lines.append(f"{'task ' + r.get('name', '') + ' acc (calibrated)':<28} {c['accuracy']:>12.4f} {c['stderr']:>10.4f} {c['n']:>8}")
     return '\n'.join(lines)
 
 def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokenizer=None, seq_len: int = 512,
              stride: int | None = None, batch_size: int = 4, max_tokens: int | None = None, limit: int | None = None,
-             max_len: int = 1024, log=print) -> dict:
-    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task`; table + JSON."
+             max_len: int = 1024, calibrate: bool = False, log=print) -> dict:
+    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task` (`calibrate`: also content-free calibrated); table + JSON."
     from wf_nb.tasks import load_task, task_accuracy, ClassificationTask
     if data is None and mc is None and task is None:
         raise ValueError("evaluate: nothing to do; give data=HELD_OUT_TEXT_OR_SHARDS, mc=CHOICES.jsonl and/or task=TASK")
@@ -256,8 +266,8 @@ def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokeni
             rows = [dict(r, label=str(r['label'])) for r in rows]
             tk = ClassificationTask(sorted({r['label'] for r in rows}), name=Path(task).stem)
         rows = rows[:limit]
-        r = task_accuracy(model, tokenizer, rows, tk, max_len=max_len, batch_size=batch_size)
-        r.pop('predictions'); r['name'] = tk.name
+        r = task_accuracy(model, tokenizer, rows, tk, max_len=max_len, batch_size=batch_size, calibrate=calibrate)
+        r.pop('predictions'); r.get('calibrated', {}).pop('predictions', None); r['name'] = tk.name
         res['task'] = r
     res['seconds'] = round(time.time() - t0, 2)
     log(f"evaluation of {src}\n" + format_table(res))
