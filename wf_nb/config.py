@@ -13,8 +13,8 @@ import yaml
 __all__ = ['GROUPS', 'PRESETS', 'PRESET_MODULES', 'STAGES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE',
            'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig',
            'DistributedConfig', 'WFConfig', 'register_preset', 'load_preset_modules', 'ConfigError', 'apply_override',
-           'normalize_stage', 'check_ranges', 'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml',
-           'load_yaml', 'git_info', 'fingerprint']
+           'normalize_stage', 'check_ranges', 'default_precision', 'validate', 'get_config', 'from_dict', 'to_yaml',
+           'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
 
 # %% ../nbs/00_config.ipynb #d34c4eb8
 @dataclass
@@ -86,7 +86,7 @@ class TrainingConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0              # 0 disables clipping
     loss_chunk: int = 0                 # LM loss over N positions at a time, logits never stored whole (long context x big vocab); 0 = off
-    precision: str = 'fp32'             # fp32 | bf16 (autocast)
+    precision: str = 'auto'             # auto (bf16 where the hardware has it, else fp32) | fp32 | bf16 (autocast)
     seed: int = 42
     save_interval: int = 50
     keep_last: int = 2
@@ -139,6 +139,7 @@ class LoggingConfig:
     wandb_mode: str = ''                # '' = $WANDB_MODE or offline; online | offline | disabled
     wandb_project: str = 'wf_nb'
     progress: bool = True
+    full_report: bool = False           # Stage 1: the full conversion report (8 x 256 held-out tokens) rather than the quick one (2 x 128)
     run_name: str = ''
     gpu_interval: float = 60.0          # seconds between GPU utilisation/memory/power samples (CUDA only; 0 = off; wf_nb.gpumon)
 
@@ -328,15 +329,24 @@ def check_ranges(cfg, ranges=RANGES):
 # %% ../nbs/00_config.ipynb #62adae0f
 CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.dtype': ('float32','bfloat16'),
            'data.tokenize': ('upfront','on_the_fly'), 'model.rope_extension': ('ntk','linear','none'), 'training.schedule': ('cosine','linear','wsd','constant'),
-           'training.optimizer': ('adamw','muon','sgd'), 'training.precision': ('fp32','bf16'),
+           'training.optimizer': ('adamw','muon','sgd'), 'training.precision': ('auto','fp32','bf16'),
            'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'), 'quant.subln_init': ('calibrated','ones'),
            'distill.saliency_score': ('kl','teacher_ce'),
            'logging.wandb_mode': ('','online','offline','disabled'),
            'distributed.scale': ('single','small','medium','large'), 'distributed.strategy': ('ddp','fsdp')}
 
+def default_precision() -> str:
+    "`bf16` where autocast to bf16 is fast (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else `fp32`."
+    import torch
+    if torch.cuda.is_available(): return 'bf16' if torch.cuda.is_bf16_supported() else 'fp32'
+    cpu = getattr(torch, 'cpu', None)
+    fast = any(getattr(cpu, f, lambda: False)() for f in ('_is_avx512_bf16_supported', '_is_amx_tile_supported'))
+    return 'bf16' if fast else 'fp32'
+
 def validate(cfg: WFConfig) -> WFConfig:
     "Check enumerations and ranges; raise `ConfigError` naming the key, the bad value and the valid ones."
     check_ranges(cfg)
+    if cfg.training.precision == 'auto': cfg.training.precision = default_precision()   # concrete before any fingerprint
     for k, opts in CHOICES.items():
         v = cfg.get(k)
         if v not in opts: raise ConfigError(f"{k}={v!r} is not one of {', '.join(map(repr, opts))}.{_suggest(str(v), opts)}")
@@ -403,7 +413,7 @@ def load_yaml(path) -> WFConfig:
     return validate(from_dict(d or {}))
 
 # %% ../nbs/00_config.ipynb #e97b5f20
-FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_project', 'logging.progress',
+FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_project', 'logging.progress', 'logging.full_report',
                       'logging.run_name', 'training.save_interval', 'training.keep_last', 'data.num_workers',
                       'data.pin_memory', 'data.prefetch_factor',
                       'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus')   # where it is stored / what it runs on

@@ -254,19 +254,19 @@ def calibration_ids(tokenizer, n_seq: int = 4, seq_len: int = 256, texts=None) -
     return torch.tensor(rows)
 
 @torch.no_grad()
-def compare_logits(models: dict, ids: torch.Tensor, ref: str = 'fp') -> list[dict]:
-    "Per model: perplexity on `ids`, mean logit cosine and top-1 agreement vs `models[ref]` (one sequence at a time)."
+def compare_logits(models: dict, ids: torch.Tensor, ref: str = 'fp', batch_tokens: int = 512) -> list[dict]:
+    "Per model: perplexity on `ids`, mean logit cosine and top-1 agreement vs `models[ref]` (rows batched to ~`batch_tokens`)."
     acc = {k: dict(nll=0.0, cos=0.0, top1=0.0) for k in models}
-    n_tok = 0
-    for row in ids:
-        x = row[None]
-        logits = {k: m(x).logits[0, :-1].float() for k, m in models.items()}
-        r = logits[ref]; tgt = row[1:]
+    n_tok, rows = 0, max(1, batch_tokens // ids.shape[1])
+    for i in range(0, len(ids), rows):
+        x = ids[i:i + rows]
+        logits = {k: m(x).logits[:, :-1].float() for k, m in models.items()}
+        r = logits[ref]; tgt = x[:, 1:]
         for k, l in logits.items():
-            acc[k]['nll'] += F.cross_entropy(l, tgt, reduction='sum').item()
+            acc[k]['nll'] += F.cross_entropy(l.flatten(0, 1), tgt.flatten(), reduction='sum').item()
             acc[k]['cos'] += F.cosine_similarity(l, r, dim=-1).sum().item()
             acc[k]['top1'] += (l.argmax(-1) == r.argmax(-1)).float().sum().item()
-        n_tok += len(tgt)
+        n_tok += tgt.numel()
     return [dict(model=k, ppl=math.exp(a['nll'] / n_tok), cosine=a['cos'] / n_tok, top1=a['top1'] / n_tok, tokens=n_tok)
             for k, a in acc.items()]
 
@@ -287,17 +287,26 @@ def conversion_report(fp_model, tokenizer, texts=None, quant_cfg: QuantConfig | 
     return rep
 
 # %% ../nbs/03_convert.ipynb #d5aa1b64
-def run_stage1(cfg: WFConfig, out_dir, overwrite: bool = False, n_seq: int = 8, seq_len: int = 256) -> dict:
+def _autocast_for(model: nn.Module, precision: str):
+    "Autocast to bf16 on `model`'s device when `precision` (a `training.precision` value) asks for it."
+    from wf_nb.config import default_precision
+    if precision == 'auto': precision = default_precision()
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=precision == 'bf16')
+
+def run_stage1(cfg: WFConfig, out_dir, overwrite: bool = False, n_seq: int | None = None, seq_len: int | None = None) -> dict:
     "Stage 1 end to end: FP model -> converted student -> report -> HF checkpoint in `out_dir`."
     from wf_nb.assets import load_fp_model, load_tokenizer
+    full = cfg.logging.full_report   # quick report: 2 x 128 held-out tokens; full: 8 x 256
+    n_seq, seq_len = n_seq or (8 if full else 2), seq_len or (256 if full else 128)
     fp = load_fp_model(cfg.model, seed=cfg.training.seed)
     tok = load_tokenizer(cfg.model)
     student = convert(fp, cfg.quant)
-    if cfg.quant.subln_init == 'calibrated' and cfg.quant.placement != 'none':
-        calibrate_sublns(student, fp, calibration_ids(tok))
-    placements = tuple(dict.fromkeys(['none', cfg.quant.placement]))
-    rep = conversion_report(fp, tok, quant_cfg=cfg.quant, n_seq=n_seq, seq_len=seq_len, placements=placements,
-                            student=student)
+    with _autocast_for(fp, cfg.training.precision):   # the forwards below run in the training precision
+        if cfg.quant.subln_init == 'calibrated' and cfg.quant.placement != 'none':
+            calibrate_sublns(student, fp, calibration_ids(tok))
+        placements = tuple(dict.fromkeys(['none', cfg.quant.placement]))
+        rep = conversion_report(fp, tok, quant_cfg=cfg.quant, n_seq=n_seq, seq_len=seq_len, placements=placements,
+                                student=student)
     record_quant_state(student, 1.0 if cfg.quant.enabled else 0.0, 0)   # nothing trained quantized yet
     rep['model'] = cfg.model.name; rep['placement'] = cfg.quant.placement
     path = save_model(student, tok, out_dir, overwrite=overwrite, wf_config=cfg, report=rep)

@@ -26,14 +26,20 @@ def _shifted_valid(logits, labels, ignore_index=IGNORE_INDEX):
 
 def lm_loss(logits, labels, ignore_index=IGNORE_INDEX) -> dict:
     "Mean next-token CE over non-ignored labels (shifted), with `n_tokens` and `n_correct` (top-1) counts."
-    rows, tgt = _shifted_valid(logits, labels, ignore_index)
-    n = tgt.numel()
+    lb = labels[:, 1:]
+    n = int((lb != ignore_index).sum())
     if n == 0:   # all ignored: a zero loss that keeps the graph (no NaN from 0/0)
         z = logits.sum() * 0.
         zero = torch.zeros((), dtype=torch.long, device=logits.device)
         return dict(loss=z, n_tokens=zero, n_correct=zero.clone())
-    loss = F.cross_entropy(rows.float(), tgt, reduction='sum') / n
-    with torch.no_grad(): n_correct = (rows.argmax(-1) == tgt).sum()
+    if 2 * n >= lb.numel():   # most positions scored (pretraining): shift the labels, not the logits, so the backward
+        tgt = F.pad(lb, (0, 1), value=ignore_index)   # writes no zero-filled [B,S,V] slice/gather gradients
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), ignore_index=ignore_index, reduction='sum') / n
+        with torch.no_grad(): n_correct = ((logits.argmax(-1) == tgt) & (tgt != ignore_index)).sum()
+    else:                     # few scored positions (SFT): gather just those rows
+        rows, tgt = _shifted_valid(logits, labels, ignore_index)
+        loss = F.cross_entropy(rows.float(), tgt, reduction='sum') / n
+        with torch.no_grad(): n_correct = (rows.argmax(-1) == tgt).sum()
     return dict(loss=loss, n_tokens=torch.tensor(n, device=logits.device), n_correct=n_correct)
 
 # %% ../nbs/05_distill.ipynb #e4af01d4

@@ -13,7 +13,7 @@ except ImportError:  # pragma: no cover - triton is optional; the torch paths ne
     triton = tl = None
     HAS_TRITON = False
 from .quant import (act_quant_int, weight_quant_int, pack_ternary, unpack_ternary, ste_quant, RMSNorm,
-                         haar_transform, haar_width, act_quant as q_act_quant, weight_quant as q_weight_quant)
+                         haar_transform, haar_width, register_act_codes, act_quant as q_act_quant, weight_quant as q_weight_quant)
 
 # %% auto #0
 __all__ = ['act_quant_ref', 'weight_quant_ref', 'fake_weight_quant_ref', 'fake_act_quant_ref', 'w2a8_ref', 'interpreting',
@@ -248,6 +248,8 @@ def _act_quant_torch(x):
     xf = x.float()
     s = xf.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-5).reciprocal_().mul_(127.0)
     return torch.mul(xf, s).round_().clamp_(-128, 127).to(torch.int8), s
+
+if HAS_TRITON: register_act_codes('cuda', act_quant_triton)   # BitLinear's integer forward quantizes with it on CUDA
 
 def act_quant(x: torch.Tensor, backend: str = 'auto'):
     "Per-token int8 quantization of `x`: (int8 values, float32 scale [..., 1]); Triton on CUDA."

@@ -5,13 +5,15 @@
 # %% ../nbs/01_quant.ipynb #8d54a39c
 from __future__ import annotations
 import math, os
+from contextlib import contextmanager
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'weight_quant_compiled', 'ste_quant', 'lambda_at',
-           'haar_width', 'haar_transform', 'RMSNorm', 'BitLinear', 'bitlinears', 'set_lambda', 'quant_state',
+           'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes', 'cached_weight_codes', 'int_linear',
+           'transformers_exact', 'RMSNorm', 'BitLinear', 'bitlinears', 'set_lambda', 'quant_state',
            'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats', 'format_table']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
@@ -104,6 +106,76 @@ def haar_transform(x: torch.Tensor, levels: int | None = None) -> torch.Tensor:
         details.append((e - o) * r2); a = (e + o) * r2; lv += 1
     return torch.cat([a] + details[::-1], dim=-1)
 
+# %% ../nbs/01_quant.ipynb #46790282
+_OPT_STEPS = [0]   # bumped after every optimizer step: fused optimizers update weights without bumping `_version`
+from torch.optim.optimizer import register_optimizer_step_post_hook
+register_optimizer_step_post_hook(lambda opt, args, kwargs: _OPT_STEPS.__setitem__(0, _OPT_STEPS[0] + 1))
+
+def int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    "`a [M,K] int8 @ b [N,K].T` -> int32 `[M,N]`, exact (`torch._int_mm`; on CUDA padded to its shape rules)."
+    if a.shape[0] == 0: return a.new_zeros((0, b.shape[0]), dtype=torch.int32)
+    if a.is_cuda:   # cuBLAS int8: M > 16 and K, N multiples of 8
+        m, k, n = a.shape[0], a.shape[1], b.shape[0]
+        pm, pk, pn = max(17 - m, 0), -k % 8, -n % 8
+        if pm or pk or pn: return torch._int_mm(F.pad(a, (0, pk, 0, pm)), F.pad(b, (0, pk, 0, pn)).t())[:m, :n]
+    return torch._int_mm(a, b.t())
+
+_ACT_CODES = {}   # device type -> fused per-token int8 quantizer `x [M,K] -> (codes, scales [M,1])`
+
+def register_act_codes(device_type: str, fn):
+    "Use `fn` (same contract and codes as `act_quant_int(x, 8)`) in the integer forward on `device_type` (wf_nb.kernels: Triton on CUDA)."
+    _ACT_CODES[device_type] = fn
+
+def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    "`weight_quant_int(mod.weight)`, computed once per optimizer step (cached on `mod`, keyed by storage, version, step)."
+    w = mod.weight
+    key = (w.data_ptr(), w._version, _OPT_STEPS[0], w.device, w.dtype)
+    hit = getattr(mod, '_wq_cache', None)
+    if hit is not None and hit[0] == key and not (hit[1].is_inference() and not torch.is_inference_mode_enabled()):
+        return hit[1], hit[2]
+    with torch.no_grad(): q, s = weight_quant_int(w)
+    mod._wq_cache = (key, q, s)
+    return q, s
+
+class _IntLinear(torch.autograd.Function):
+    "Forward: int8 x ternary GEMM, rescaled. Backward: the STE, in the output dtype, from the saved int8 codes."
+    @staticmethod
+    def forward(ctx, x, w, bias, wq, ws, act_bits, out_dtype):
+        k = x.shape[-1]
+        fused = _ACT_CODES.get(x.device.type) if act_bits == 8 and BitLinear.use_triton else None
+        xq, xs = fused(x.reshape(-1, k)) if fused is not None else act_quant_int(x.reshape(-1, k), act_bits)
+        y = int8_mm(xq, wq).float().div_(xs * ws)          # one rounding, from exact int32 sums
+        if bias is not None: y += bias.float()
+        ctx.save_for_backward(xq, xs, wq, ws)
+        ctx.meta = (x.shape, x.dtype, w.dtype, None if bias is None else bias.dtype)
+        return y.to(out_dtype).view(*x.shape[:-1], wq.shape[0])
+    @staticmethod
+    def backward(ctx, g):
+        xq, xs, wq, ws = ctx.saved_tensors
+        shape, xdt, wdt, bdt = ctx.meta
+        g2 = g.reshape(-1, g.shape[-1])
+        dt = g2.dtype
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]: gx = (g2 @ wq.to(dt)).div_(ws.to(dt)).to(xdt).view(shape)   # g @ Wq
+        if ctx.needs_input_grad[1]: gw = ((g2 / xs.to(dt)).t() @ xq.to(dt)).to(wdt)            # g^T @ Xq
+        if bdt is not None and ctx.needs_input_grad[2]: gb = g2.sum(0).to(bdt)
+        return gx, gw, gb, None, None, None, None
+
+def int_linear(x: torch.Tensor, mod: nn.Module) -> torch.Tensor:
+    "`F.linear(act_quant(x), weight_quant(W), b)` of a BitLinear at `lam = 1`, as an int8 GEMM (autocast-aware)."
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    wq, ws = cached_weight_codes(mod)
+    with torch.autocast(dev, enabled=False):
+        return _IntLinear.apply(x, mod.weight, mod.bias, wq, ws, mod.act_bits, out_dtype)
+
+@contextmanager
+def transformers_exact():
+    "Inside: BitLinear runs the fake-quant path bit-identical to transformers' `AutoBitLinear` (export and compatibility checks)."
+    old, BitLinear.int_forward = BitLinear.int_forward, False
+    try: yield
+    finally: BitLinear.int_forward = old
+
 # %% ../nbs/01_quant.ipynb #df414646
 class RMSNorm(nn.Module):
     "RMSNorm (as Llama/BitNet): `w * x / sqrt(mean(x^2) + eps)`, computed in fp32."
@@ -150,6 +222,7 @@ class BitLinear(nn.Linear):
         if self.rms_norm is not None: x = self.rms_norm(x)
         if self.haar: x = haar_transform(x)
         lam, w = self.lam, self.weight
+        if lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward: return int_linear(x, self)   # int8 GEMM
         if lam > 0:
             if self.act_bits == 8 and _use_triton(x):   # fused Triton quantizers on CUDA (wf_nb.kernels)
                 from wf_nb.kernels import fake_weight_quant, fake_act_quant
@@ -163,6 +236,7 @@ class BitLinear(nn.Linear):
         return super().extra_repr() + f', lam={self.lam}, act_bits={self.act_bits}' + (', haar=True' if self.haar else '')
 
 BitLinear.use_triton = os.environ.get('WF_NB_TRITON', '1') != '0'
+BitLinear.int_forward = os.environ.get('WF_NB_INT_FORWARD', '1') != '0'   # False: the fake-quant (transformers) path
 
 # %% ../nbs/01_quant.ipynb #7d47eec1
 def bitlinears(model: nn.Module):

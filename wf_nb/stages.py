@@ -40,6 +40,8 @@ def _unwrap(model):
     from accelerate.utils import extract_model_from_parallel
     return extract_model_from_parallel(model)
 
+# The frozen teacher runs once per (micro-)batch under `torch.inference_mode()` (no autograd bookkeeping at all), in the
+# autocast dtype of the step (the Trainer's `acc.autocast()` encloses it); its outputs only enter the loss as constants.
 def distill_step(teacher):
     "Stages 1.9 and 2: `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise` towards the frozen FP teacher."
     from wf_nb.distill import pretrain_distill_loss, layerwise_weight_at, real_tokens
@@ -47,7 +49,7 @@ def distill_step(teacher):
         if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
         d = ctx.cfg.distill
         hidden = layerwise_weight_at(ctx.step, ctx.max_steps, d.layerwise_weight, d.layerwise_schedule) > 0
-        with torch.no_grad(): t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
+        with torch.inference_mode(): t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
         s = model(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
         if d.saliency:   # the saliency curriculum (wf_nb.curriculum): per-token weights, annealed to uniform
             from wf_nb.curriculum import saliency_distill_loss
@@ -61,7 +63,7 @@ def stage3_step(teacher):
     def step(model, batch, ctx: StepContext):
         if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
         layer, gamma = ctx.cfg.distill.attn_layer, ctx.cfg.distill.gamma_attn
-        with torch.no_grad(), capture_qkv(teacher, layer) as tq: t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
+        with torch.inference_mode(), capture_qkv(teacher, layer) as tq: t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
         with capture_qkv(_unwrap(model), layer) as sq: s = model(input_ids=batch['input_ids'], **_fwd_kw(batch))
         return stage3_loss(s.logits, t.logits, batch['labels'], real_tokens(batch),
                            sq if gamma else None, tq if gamma else None, cfg=ctx.cfg.distill)
@@ -72,7 +74,7 @@ def kd_step(teacher):
     from wf_nb.distill import kd_midtrain_loss, real_tokens
     def step(model, batch, ctx: StepContext):
         if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
-        with torch.no_grad(): t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
+        with torch.inference_mode(): t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
         s = model(input_ids=batch['input_ids'], **_fwd_kw(batch))
         return kd_midtrain_loss(s.logits, t.logits, batch['labels'], real_tokens(batch), cfg=ctx.cfg.distill)
     return step

@@ -311,6 +311,8 @@ class _Stop:
 def make_accelerator(precision: str = 'fp32'):
     "An `Accelerator` for `training.precision`, also when an earlier run in this process used another precision."
     from accelerate import Accelerator
+    from wf_nb.config import default_precision
+    if precision == 'auto': precision = default_precision()
     from accelerate.state import AcceleratorState
     AcceleratorState._reset_state()   # accelerate keeps mixed precision in a process-wide singleton
     return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision='bf16' if precision == 'bf16' else 'no')
@@ -321,6 +323,13 @@ def peak_memory_mb(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 # %% ../nbs/06_train.ipynb #bc019fc2
+def _host_floats(loss_sum, sums: dict, device):
+    "The step's loss and metric sums (tensors or numbers) as Python floats, in one device -> host copy."
+    keys = list(sums)
+    vals = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in [loss_sum] + [sums[k] for k in keys]])
+    out = vals.tolist()
+    return out[0], dict(zip(keys, out[1:]))
+
 class Trainer:
     "Train `model` on batches from `data` with `step_fn`, writing metrics and checkpoints under `run_dir`."
     def __init__(self, cfg: WFConfig, model: nn.Module, data, run_dir, step_fn: Callable = lm_step,
@@ -507,14 +516,15 @@ class Trainer:
                 loss = res['loss']
                 if 'loss' in self.hooks: loss = self.hooks['loss'](self, loss)
                 acc.backward(loss * w * acc.num_processes)
-            loss_sum += float(loss.detach()) * w
+            loss_sum = loss_sum + loss.detach().double() * w   # tensors: no host sync per micro-batch
             rc, rn = res.pop('row_ce', None), res.pop('row_n', None)
             if rc is not None and 'source_ids' in b and len(self.source_names):
                 self._src.index_add_(0, b['source_ids'].to(self._src.device), torch.stack([rc.double(), rn.double()], 1).to(self._src))
             for k, v in res.items():
                 if k == 'loss': continue
-                v = float(v.detach()) if torch.is_tensor(v) else v
-                if isinstance(v, (int, float)): sums[k] = sums.get(k, 0.0) + (v if k in ('n_tokens', 'n_correct') else v * w)
+                v = v.detach().double() if torch.is_tensor(v) else v
+                if isinstance(v, (int, float, torch.Tensor)): sums[k] = sums.get(k, 0.0) + (v if k in ('n_tokens', 'n_correct') else v * w)
+        loss_sum, sums = _host_floats(loss_sum, sums, acc.device)   # one device -> host copy per step
         if acc.num_processes > 1:   # every logged term is a token-weighted share of the global mean: sum over ranks
             keys = sorted(sums)
             t = acc.reduce(torch.tensor([loss_sum] + [float(sums[k]) for k in keys], dtype=torch.float64, device=acc.device), 'sum').tolist()

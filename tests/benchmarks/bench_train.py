@@ -6,18 +6,26 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
   hf_trainer          the same model trained by transformers' Trainer
   wf_bitlinear        wf_nb's converted model (SubLN + BitLinear), plain loop
   wf_trainer          wf_nb's converted model trained by wf_nb's Trainer (Stage 2 loss, metrics, no checkpoints)
+  wf_fakequant        wf_bitlinear with the fake-quant forward (WF_NB_INT_FORWARD=0, the transformers-exact path)
 
-    python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...]
+    python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...] [--repeats 3]
+    python tests/benchmarks/bench_train.py --profile wf_bitlinear [--precisions bf16]   # where the time goes
+    python tests/benchmarks/bench_train.py --split 4 --precisions bf16   # fp vs wf_nb in one process, fwd / bwd apart
 
-Prints a table of median tokens/s (wall) and tokens per CPU-second (process CPU time, steadier than wall time when
-other processes share the cores), peak RSS and the ratio to `fp` at the same precision.
+Arms are interleaved: each of `--repeats` rounds runs every arm once (the order rotated per round), so a ratio to
+`fp` is taken within a round, against the fp run next to it. Prints a table of median tokens/s (wall) and tokens
+per CPU-second (process CPU time, steadier than wall time when other processes share the cores), the ratio to `fp`
+at the same precision (median over rounds, and the min-max spread), the process's peak RSS (model conversion
+included) and the peak RSS of the training steps alone (counted from after the model is built; Linux only).
+`--profile ARM` runs one arm under torch.profiler and prints the time per layer kind (forward, from module hooks)
+and the top operators (forward and backward).
 This is a benchmark, not a test: the machine is shared and noisy, so read the ratios, not the absolutes.
 Run with OMP_NUM_THREADS=1 on a loaded machine so CPU time is not inflated by spinning threads."""
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 B, S = 4, 128
-ARMS = ['fp', 'hf_autobitlinear', 'hf_trainer', 'wf_bitlinear', 'wf_trainer']
+ARMS = ['fp', 'hf_autobitlinear', 'hf_trainer', 'wf_bitlinear', 'wf_trainer', 'wf_fakequant']
 
 def batches(n, seed=0):
     import torch
@@ -37,6 +45,15 @@ def batches(n, seed=0):
 def peak_rss_mb():
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+def reset_peak_rss():
+    "Linux: restart the peak-RSS count (VmHWM), so the training peak is not the model conversion's."
+    try: open('/proc/self/clear_refs', 'w').write('5'); return True
+    except OSError: return False
+
+def train_peak_rss_mb():
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'): return int(line.split()[1]) / 1024
 
 def fp_model():
     from wf_nb.assets import load_fp_model
@@ -115,35 +132,119 @@ def one(arm, precision, steps, warmup):
     data = batches(steps + warmup)
     model = fp_model()
     if arm in ('hf_autobitlinear', 'hf_trainer'): model = hf_bitnet(model)
-    if arm in ('wf_bitlinear', 'wf_trainer'): model = wf_bitnet(model)
-    run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop,
+    if arm.startswith('wf_'): model = wf_bitnet(model)
+    if arm == 'wf_fakequant':
+        from wf_nb.quant import BitLinear; BitLinear.int_forward = False
+    run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop, 'wf_fakequant': plain_loop,
            'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop}[arm]
+    import gc; gc.collect()
+    fresh = reset_peak_rss()
     times = run(model, data, precision, warmup)
-    print(json.dumps({'arm': arm, 'precision': precision, 'tokens_per_s': B * S / statistics.median(w for w, c in times),
+    print(json.dumps({'train_peak_rss_mb': train_peak_rss_mb() if fresh else None, 'arm': arm, 'precision': precision, 'tokens_per_s': B * S / statistics.median(w for w, c in times),
                       'tokens_per_cpu_s': B * S / statistics.median(c for w, c in times),
                       'steps_timed': len(times), 'peak_rss_mb': peak_rss_mb(), 'threads': torch.get_num_threads()}))
+
+def layer_kind(name):
+    leaf = name.rsplit('.', 1)[-1]
+    return 'lm_head' if leaf == 'lm_head' else leaf if leaf.endswith(('_proj', 'norm', 'embed_tokens')) else None
+
+def profile(arm, precision, steps, warmup):
+    "One arm under torch.profiler: forward time per layer kind (module hooks) and the top operators."
+    import torch
+    from torch.profiler import profile as tprofile, record_function, ProfilerActivity
+    torch.manual_seed(0)
+    data = batches(warmup + 1)
+    model = fp_model()
+    if arm.startswith('hf_'): model = hf_bitnet(model)
+    if arm.startswith('wf_'): model = wf_bitnet(model)
+    if arm == 'wf_fakequant':
+        from wf_nb.quant import BitLinear; BitLinear.int_forward = False
+    plain_loop(model, data[:warmup], precision, warmup)
+    open_ = {}
+    def pre(name):
+        def f(m, a): open_[name] = record_function(f'fwd::{layer_kind(name)}'); open_[name].__enter__()
+        return f
+    def post(name):
+        def f(m, a, o): open_.pop(name).__exit__(None, None, None)
+        return f
+    for n, m in model.named_modules():
+        if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
+    with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+        plain_loop(model, data[warmup:], precision, 0)
+    ev = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ev) / 1e3
+    print(f"\n{arm} / {precision}: one training step, {total:.0f} ms CPU in all\n")
+    print("| forward of layer kind | ms | share |\n|---|---|---|")
+    for e in sorted((e for e in ev if e.key.startswith('fwd::')), key=lambda e: -e.cpu_time_total):
+        print(f"| {e.key[5:]} | {e.cpu_time_total / 1e3:.1f} | {e.cpu_time_total / 1e3 / total:.1%} |")
+    print("\n| operator (self time, forward + backward) | calls | ms | share |\n|---|---|---|---|")
+    for e in sorted((e for e in ev if not e.key.startswith('fwd::')), key=lambda e: -e.self_cpu_time_total)[:18]:
+        print(f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / 1e3 / total:.1%} |")
+
+def split(rounds, precision):
+    "fp, wf_nb (integer forward) and wf_nb (fake-quant forward) in ONE process, steps alternating: thread CPU-s of forward / backward."
+    import torch
+    from wf_nb.quant import BitLinear
+    torch.manual_seed(0)
+    data = batches(2)
+    models = {'fp': fp_model(), 'wf': wf_bitnet(fp_model())}
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, fused=True) for k, m in models.items()}
+    res = {'fp': [], 'wf_bitlinear': [], 'wf_fakequant': []}
+    for r in range(rounds + 1):   # round 0 warms up
+        for arm in res:
+            BitLinear.int_forward = arm != 'wf_fakequant'
+            m, o = models[arm[:2]], opts[arm[:2]]
+            c0 = time.thread_time()
+            with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'): loss = m(**data[r % 2]).loss
+            c1 = time.thread_time(); loss.backward(); c2 = time.thread_time()
+            o.step(); o.zero_grad(set_to_none=True)
+            if r: res[arm].append((time.thread_time() - c0, c1 - c0, c2 - c1))
+    med = lambda arm, i: statistics.median(x[i] for x in res[arm])
+    print(f"\nOne process, {rounds} alternating rounds, {precision}: median thread CPU-s per step\n")
+    print("| arm | step | forward | backward | vs fp |\n|---|---|---|---|---|")
+    for arm in res:
+        print(f"| {arm} | {med(arm, 0):.2f} | {med(arm, 1):.2f} | {med(arm, 2):.2f} | {med('fp', 0) / med(arm, 0):.2f}x |")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--steps', type=int, default=6); ap.add_argument('--warmup', type=int, default=2)
     ap.add_argument('--precisions', default='fp32,bf16'); ap.add_argument('--arms', default=','.join(ARMS))
+    ap.add_argument('--repeats', type=int, default=1, help='rounds of all arms, interleaved')
     ap.add_argument('--one', nargs=2, metavar=('ARM', 'PRECISION'))
+    ap.add_argument('--profile', metavar='ARM')
+    ap.add_argument('--split', type=int, metavar='ROUNDS', help='fp / wf_bitlinear / wf_fakequant in one process, forward and backward apart')
     a = ap.parse_args()
+    if a.split:
+        for prec in a.precisions.split(','): split(a.split, prec)
+        return
     if a.one: return one(*a.one, a.steps, a.warmup)
-    res = []
+    if a.profile:
+        for prec in a.precisions.split(','): profile(a.profile, prec, a.steps, a.warmup)
+        return
+    arms, res = a.arms.split(','), []
+    for rnd in range(a.repeats):
+        for prec in a.precisions.split(','):
+            for arm in arms[rnd % len(arms):] + arms[:rnd % len(arms)]:
+                r = subprocess.run([sys.executable, __file__, '--one', arm, prec, '--steps', str(a.steps), '--warmup', str(a.warmup)],
+                                   capture_output=True, text=True, env={**os.environ, 'WANDB_MODE': 'disabled'})
+                line = [l for l in r.stdout.splitlines() if l.startswith('{')]
+                if r.returncode or not line: print(f"{arm}/{prec} failed:\n{r.stderr[-2000:]}", file=sys.stderr); continue
+                res.append({**json.loads(line[-1]), 'round': rnd})
+                print(f"  round {rnd} {arm}/{prec}: {res[-1]['tokens_per_s']:.0f} tok/s, {res[-1]['tokens_per_cpu_s']:.0f} tok/CPU-s", file=sys.stderr)
+    print(f"\nStage-2 training step, SmolLM2-135M-Instruct (Q4_1), batch {B} x {S}, median of {a.steps} steps after {a.warmup} warmup, "
+          f"{a.repeats} interleaved round(s), CPU {res[0]['threads'] if res else '?'} threads\n")
+    print("| arm | precision | tokens/s (wall) | tokens per CPU-s | vs fp (CPU) [min-max] | vs fp (wall) | peak RSS MB | training peak RSS MB |\n|---|---|---|---|---|---|---|---|")
+    med = statistics.median
     for prec in a.precisions.split(','):
-        for arm in a.arms.split(','):
-            r = subprocess.run([sys.executable, __file__, '--one', arm, prec, '--steps', str(a.steps), '--warmup', str(a.warmup)],
-                               capture_output=True, text=True, env={**os.environ, 'WANDB_MODE': 'disabled'})
-            line = [l for l in r.stdout.splitlines() if l.startswith('{')]
-            if r.returncode or not line: print(f"{arm}/{prec} failed:\n{r.stderr[-2000:]}", file=sys.stderr); continue
-            res.append(json.loads(line[-1])); print(f"  done {arm}/{prec}: {res[-1]['tokens_per_s']:.0f} tok/s", file=sys.stderr)
-    print(f"\nStage-2 training step, SmolLM2-135M-Instruct (Q4_1), batch {B} x {S}, median of {a.steps} steps after {a.warmup} warmup, CPU {res[0]['threads'] if res else '?'} threads\n")
-    print(f"| arm | precision | tokens/s (wall) | tokens per CPU-s | vs fp (CPU) | peak RSS MB |\n|---|---|---|---|---|---|")
-    for r in res:
-        base = next((x for x in res if x['arm'] == 'fp' and x['precision'] == r['precision']), None)
-        ratio = f"{r['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x" if base else ''
-        print(f"| {r['arm']} | {r['precision']} | {r['tokens_per_s']:.0f} | {r['tokens_per_cpu_s']:.0f} | {ratio} | {r['peak_rss_mb']:.0f} |")
+        for arm in arms:
+            rs = [r for r in res if r['arm'] == arm and r['precision'] == prec]
+            if not rs: continue
+            fp = {r['round']: r for r in res if r['arm'] == 'fp' and r['precision'] == prec}
+            cpu = [r['tokens_per_cpu_s'] / fp[r['round']]['tokens_per_cpu_s'] for r in rs if r['round'] in fp]
+            wall = [r['tokens_per_s'] / fp[r['round']]['tokens_per_s'] for r in rs if r['round'] in fp]
+            ratio = f"{med(cpu):.2f}x [{min(cpu):.2f}-{max(cpu):.2f}]" if cpu else ''
+            print(f"| {arm} | {prec} | {med(r['tokens_per_s'] for r in rs):.0f} | {med(r['tokens_per_cpu_s'] for r in rs):.0f} | {ratio} | "
+                  f"{med(wall):.2f}x | {med(r['peak_rss_mb'] for r in rs):.0f} | {med(r.get('train_peak_rss_mb') or 0 for r in rs):.0f} |" if wall else '')
 
 if __name__ == '__main__':
     main()
