@@ -80,15 +80,16 @@ class LivePlot:
     """The live training curves of a notebook: `update(record)` with each metric record redraws the figure in place
     (one output, replaced through IPython's display handle, as fastai's `ShowGraph` does), at most every `every` seconds."""
     def __init__(self, title='', every: float = 2.0, display=None):
-        self.title, self.every, self.records, self.handle, self.last, self.draws = title, every, [], None, 0.0, 0
+        self.title, self.every, self.records, self.handle, self.last, self.draws, self.total = title, every, [], None, 0.0, 0, None
         self._display = display   # for tests: a function(obj, display_id=True) -> handle with .update(obj)
-    def __call__(self, trainer, record): self.update(record)   # as a Trainer reporter
+    def __call__(self, trainer, record): self.total = trainer.max_steps; self.update(record)   # as a Trainer reporter
     def update(self, record=None, force=False):
         if record is not None: self.records.append(record)
         if not any('loss' in r for r in self.records) or (not force and time.monotonic() - self.last < self.every): return
         self.show(); self.last = time.monotonic()
     def png(self) -> bytes:
-        return _png(curves_figure({self.title: self.records}, title=self.title))
+        step = max((r['step'] for r in self.records if 'loss' in r), default=0)
+        return _png(curves_figure({self.title: self.records}, title=f"{self.title}: step {step}{f'/{self.total}' if self.total else ''}"))
     def show(self):
         from IPython.display import Image, display
         img = Image(data=self.png(), format='png')
@@ -186,6 +187,7 @@ def train(model=None, stage='1', scale=None, overrides=(), detach=True, runs_dir
     from wf_nb.stages import run_stage
     from wf_nb.train import _Stop
     _Stop.last_signal = None
+    if in_notebook(): cfg.logging.progress = False   # the live curves replace the text bar (not part of the fingerprint)
     with live_plot(f'{rid} (stage {cfg.stage})'):
         res = run_stage(cfg, runs_dir=runs_dir, skip_recovery=skip_recovery)
     if res['status'] != 'COMPLETED': print(f"run {res['run_id']} {res['status']} at step {res.get('step')}; the same call resumes it")
