@@ -122,6 +122,6 @@ def test_tutorial_notebook(tmp_path):
     spec.loader.exec_module(build)
     page, title, _ = build.process(out)
     from nbconvert import HTMLExporter
-    body, _ = HTMLExporter(template_name='lab').from_notebook_node(nbformat.from_dict(page), resources={'metadata': {'name': title}})
+    body, _ = HTMLExporter(template_name='lab').from_notebook_node(nbformat.reads(json.dumps(page), as_version=4), resources={'metadata': {'name': title}})
     assert body.count('<img') >= 3, 'the tutorial page shows no curves'   # Stage 1.9 and 2 live curves, wf_nb.plot
     assert 'BitNetForCausalLM' in body and 'Held-out perplexity' in body
