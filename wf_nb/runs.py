@@ -370,3 +370,7 @@ def cancel_run(ref, runs_dir=None, sig=signal.SIGINT) -> str:
     if m.get('host') != socket.gethostname(): return f"run {r.id} runs on {m.get('host')}; cancel it there"
     os.kill(int(m['pid']), sig)
     return f"sent {signal.Signals(sig).name} to run {r.id} (pid {m['pid']}); it will save and stop after its current step"
+
+# %% ../nbs/06a_runs.ipynb #0c2377ec
+from .train import api_module
+api_module(__name__, 'wf_nb.jupyter.runs')   # `wf_nb.runs()` is the registry as a DataFrame even after `import wf_nb.runs`

@@ -19,7 +19,7 @@ __all__ = ['OPTIMIZERS', 'PEAK_BF16_FLOPS', 'param_groups', 'build_optimizer', '
            'shard_model', 'tied_aliases', 'full_state_dicts', 'CheckpointError', 'save_checkpoint', 'verify_checkpoint',
            'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'StepContext', 'row_lm_loss',
            'hidden_states_as_logits', 'lm_step', 'count_tokens', 'TrainingDiverged', 'make_accelerator',
-           'peak_memory_mb', 'Trainer', 'ListStream']
+           'peak_memory_mb', 'Trainer', 'ListStream', 'api_module']
 
 # %% ../nbs/06_train.ipynb #2cd05c41
 def param_groups(model: nn.Module, weight_decay: float):
@@ -332,6 +332,7 @@ def _host_floats(loss_sum, sums: dict, device):
 
 class Trainer:
     "Train `model` on batches from `data` with `step_fn`, writing metrics and checkpoints under `run_dir`."
+    reporters: list = []   # fn(trainer, record) called with each metric record (a notebook's live plot: wf_nb.jupyter.live_plot)
     def __init__(self, cfg: WFConfig, model: nn.Module, data, run_dir, step_fn: Callable = lm_step,
                  val_data=None, accelerator=None, log: Callable = print, hooks: dict | None = None, remote=None):
         from accelerate import Accelerator
@@ -458,6 +459,9 @@ class Trainer:
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, 'a') as f: f.write(json.dumps(rec) + '\n'); f.flush()
         if self._wandb is not None: self._wandb.log({k: v for k, v in rec.items() if isinstance(v, (int, float)) and v is not None}, step=rec['step'])
+        for rep in list(self.reporters):   # a plot must never stop the run: a failing reporter is dropped
+            try: rep(self, rec)
+            except Exception as e: self.reporters.remove(rep); self.log(f"reporter {type(rep).__name__} dropped: {type(e).__name__}: {e}")
 
     def _init_wandb(self):
         if not self.acc.is_main_process: return
@@ -671,3 +675,18 @@ class ListStream:
         return {'input_ids': x, 'labels': x.clone()}
     def state_dict(self): return {'pos': self.pos}
     def load_state_dict(self, sd): self.pos = sd['pos']
+
+# %% ../nbs/06_train.ipynb #923a2002
+class _APIModule(type(sys)):
+    "A module that is also a function of the Python API (its `__api__`, a dotted path), called lazily."
+    def __call__(self, *args, **kwargs):
+        from importlib import import_module
+        mod, _, fn = self.__api__.rpartition('.')
+        return getattr(import_module(mod), fn)(*args, **kwargs)
+
+def api_module(name: str, api: str):
+    "Make the wf_nb module `name` callable as the function `api` (a no-op for a notebook's `__main__`)."
+    m = sys.modules.get(name)
+    if m is not None and name.startswith('wf_nb.'): m.__class__, m.__api__ = _APIModule, api
+
+api_module(__name__, 'wf_nb.jupyter.train')
