@@ -35,6 +35,7 @@ def _ablate(d, *extra):
 def test_tiny_ablation_end_to_end_and_resume(tmp_path):
     d = tmp_path
     from wf_nb.assets import shakespeare_files
+    from wf_nb.runs import Run, lineage_parent, run_output
     text = Path(shakespeare_files()[0]).read_text()[:56000]
     (d/'docs').mkdir()
     for i in range(8): (d/'docs'/f'd{i}.txt').write_text(text[i * 7000:(i + 1) * 7000])
@@ -47,7 +48,8 @@ def test_tiny_ablation_end_to_end_and_resume(tmp_path):
     for name, x in res.items():
         chain = x['runs']
         for st, parent in (('1.9', '1'), ('2', '1.9')):
-            assert metas[chain[st]]['lineage']['parent_output'] == metas[chain[parent]]['output']
+            lin = metas[chain[st]]['lineage']    # the parent is the run of the previous stage, recorded relative to the runs folder
+            assert lin['parent_run'] == chain[parent] and lineage_parent(lin, d/'runs') == run_output(Run(d/'runs'/chain[parent]))
         cfg = (d/'runs'/chain['2']/'config.yaml').read_text()
         assert f"seed: {x['seed']}" in cfg and ('haar: true' in cfg) == (x['arm'] == 'haar')
         # export: Haar cannot be HF BitNet, so it falls back to wf-packed; the packed model scores as the trained one

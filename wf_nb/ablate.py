@@ -8,7 +8,7 @@ import json, math, os, shlex, statistics, sys, time
 from pathlib import Path
 import torch
 from .config import get_config, fingerprint, git_info
-from .runs import Run, default_runs_dir, run_id_for
+from .runs import Run, default_runs_dir, run_id_for, run_output, lineage_parent
 
 # %% auto #0
 __all__ = ['ABLATIONS', 'PROTOCOLS', 'STAGES_OF_ARM', 'T95', 'METRICS', 'arm_configs', 'run_arm', 'heldout_perplexity',
@@ -65,7 +65,7 @@ def run_arm(ablation: str, arm: str, seed: int, protocol: str = 'cpu', overrides
         done = _completed(cfg, runs_dir)
         if done is not None:
             log(f"{ablation}/{arm}/seed {seed}: stage {st} already completed ({done.id})")
-            res = {'run_id': done.id, 'run_dir': str(done.dir), 'output': done.meta().get('output') or str(done.output)}
+            res = {'run_id': done.id, 'run_dir': str(done.dir), 'output': str(run_output(done))}
         else:
             log(f"{ablation}/{arm}/seed {seed}: stage {st}")
             r = run_stage(cfg, runs_dir, log=log)
@@ -222,7 +222,7 @@ def expected_run_id(ablation, arm, seed, protocol, overrides=(), max_steps=0, ru
     for st, (model, ov) in arm_configs(ablation, arm, seed, protocol, overrides, max_steps).items():
         run = _completed(get_config(ov + ([f'training.checkpoint_path={parent}'] if parent else []), stage=st, model=model), runs_dir)
         if run is None: return None
-        parent = run.meta().get('output') or str(run.output)
+        parent = str(run_output(run))
     return run.id
 
 # %% ../nbs/10b_ablate.ipynb #e38319c1

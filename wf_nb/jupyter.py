@@ -8,7 +8,7 @@ import io, json, os, shlex, subprocess, sys, time
 from pathlib import Path
 from matplotlib.figure import Figure
 from .config import get_config, fingerprint, git_info
-from .runs import (Run, RunExistsError, RunLockedError, default_runs_dir, get_run, list_runs, lock_holder, run_dir_in,
+from .runs import (Run, RunExistsError, RunLockedError, default_runs_dir, get_run, list_runs, lock_holder, run_dir_in, run_output,
                    run_id_for, run_logs, cancel_run, _last_metrics)
 
 # %% auto #0
@@ -132,7 +132,7 @@ def _check_existing(run: Run):
     "Refuse as `wf train` would: a COMPLETED run (nothing to do) or one another process is training (its lock is held)."
     m = run.meta(); st = run.status
     if st == 'COMPLETED':
-        raise RunExistsError(f"run {run.id} already COMPLETED (output: {m.get('output') or run.output}); nothing to do. "
+        raise RunExistsError(f"run {run.id} already COMPLETED (output: {run_output(run)}); nothing to do. "
                              f"Use skip_recovery=True to train a fresh run, or change the config.", run, st)
     if st == 'RUNNING' and (pid := lock_holder(run.dir)):
         raise RunLockedError(f"run {run.id} is being trained by process {pid} on this machine (it holds {run.dir/'.lock'}); "
@@ -233,7 +233,7 @@ def wait(run, runs_dir=None, timeout: float | None = None, follow: bool = False,
         tail = log.read_text(errors='replace').splitlines()[-5:] if log.exists() else []
         raise RuntimeError(f"run {rid} did not start (exit code {proc.returncode if proc else '?'}): " + ' | '.join(tail))
     m = r.meta()
-    return {**(m.get('summary') or {}), 'status': r.status, 'run_id': r.id, 'run_dir': str(r.dir), 'output': m.get('output'),
+    return {**(m.get('summary') or {}), 'status': r.status, 'run_id': r.id, 'run_dir': str(r.dir), 'output': str(run_output(r)),
             'returncode': proc.returncode if proc is not None else None}
 
 # %% ../nbs/11a_jupyter.ipynb #1731c107
@@ -245,7 +245,7 @@ def runs(runs_dir=None):
         m, last = r.meta(), _last_metrics(r)
         rows.append({'run': r.id, 'status': r.status, 'stage': m.get('stage'), 'model': m.get('model'),
                      'steps': last.get('step', 0), 'last_loss': last.get('loss'), 'tokens_per_s': last.get('tokens_per_s'),
-                     'cost': last.get('cost'), 'output': m.get('output'), 'created': m.get('created')})
+                     'cost': last.get('cost'), 'output': str(run_output(r)), 'created': m.get('created')})
     cols = ['status', 'stage', 'model', 'steps', 'last_loss', 'tokens_per_s', 'cost', 'output', 'created']
     return pd.DataFrame(rows, columns=['run', *cols]).set_index('run')
 
