@@ -21,6 +21,23 @@ from pathlib import Path
 
 def cpu(): return time.process_time()
 
+def step_times(student, teacher, cfg, tok, steps) -> list[float]:
+    "CPU seconds of `steps + 1` Stage 1.9/2 training steps of `student` (AdamW, the stage's distill step, its precision)."
+    import torch
+    from wf_nb.stages import distill_step
+    from wf_nb.train import StepContext
+    from wf_nb.data import get_data
+    data = iter(get_data(cfg, tok, 'train', verbose=False))
+    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.training.lr)
+    step_fn, times = distill_step(teacher), []
+    for i in range(steps + 1):
+        b = next(data); t0 = cpu()
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=cfg.training.precision == 'bf16'):
+            out = step_fn(student, b, StepContext(i, cfg.training.max_steps, torch.device('cpu'), cfg))
+        out['loss'].backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        times.append(cpu() - t0)
+    return times
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--arms', default='baseline,haar,saliency'); ap.add_argument('--steps', type=int, default=3)
@@ -57,19 +74,11 @@ def main():
             t0 = cpu()
             student = load(stage1_out[key]).train(); teacher = load_fp_model(cfg.model).eval()
             for p in teacher.parameters(): p.requires_grad_(False)
-            tok = load_tokenizer(cfg.model); data = iter(get_data(cfg, tok, 'train', verbose=False))
-            opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.training.lr)
-            step_fn = distill_step(teacher); r[f'load {st}'] = cpu() - t0
-            times = []
-            for i in range(a.steps + 1):
-                b = next(data); t0 = cpu()
-                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=cfg.training.precision == 'bf16'):
-                    res = step_fn(student, b, StepContext(i, cfg.training.max_steps, torch.device('cpu'), cfg))
-                res['loss'].backward(); opt.step(); opt.zero_grad(set_to_none=True)
-                times.append(cpu() - t0)
+            tok = load_tokenizer(cfg.model); r[f'load {st}'] = cpu() - t0
+            times = step_times(student, teacher, cfg, tok, a.steps)
             r[f'step {st}'] = statistics.median(times[1:])
             print(json.dumps({'arm': arm, 'stage': st, 'load_cpu_s': round(r[f'load {st}'], 2), 'step_cpu_s': [round(t, 2) for t in times]}), flush=True)
-            del student, teacher, opt
+            del student, teacher
         cfg = get_config(cfgs['2'][1], stage='2', model=cfgs['2'][0]); tok = load_tokenizer(cfg.model)
         scale = P['eval_tokens'] / a.eval_tokens
         t0 = cpu(); heldout_perplexity(load(stage1_out[key]), cfg, tok, a.eval_tokens); t_ppl = cpu() - t0
@@ -112,18 +121,10 @@ def quick(a):
                 for p in teacher.parameters(): p.requires_grad_(False)
             student = convert(teacher, cfg.quant).train()
             for p in student.parameters(): p.requires_grad_(True)
-            data = iter(get_data(cfg, tok, 'train', verbose=False))
-            opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.training.lr)
-            step_fn = distill_step(teacher); times = []
-            for i in range(a.steps + 1):
-                b = next(data); t0 = cpu()
-                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=cfg.training.precision == 'bf16'):
-                    out = step_fn(student, b, StepContext(i, cfg.training.max_steps, torch.device('cpu'), cfg))
-                out['loss'].backward(); opt.step(); opt.zero_grad(set_to_none=True)
-                times.append(cpu() - t0)
+            times = step_times(student, teacher, cfg, tok, a.steps)
             res[(arm, st)] = statistics.median(times[1:])
             print(json.dumps({'arm': arm, 'stage': st, 'step_cpu_s': [round(t, 2) for t in times]}), flush=True)
-            del student, opt
+            del student
     print(f"\n# bench_ablate --quick: CPU seconds (one thread) per training step, protocol {a.protocol}, median of {a.steps} after a warm-up step")
     print(f"{'arm':10} {'stage 1.9':>10} {'stage 2':>10}")
     for arm in a.arms.split(','): print(f"{arm:10} {res[(arm, '1.9')]:10.2f} {res[(arm, '2')]:10.2f}")
