@@ -92,6 +92,16 @@ def _executed(nbs, execute_which: str, jobs: int, log) -> dict[Path, Path]:
     return executed
 
 # ---------------------------------------------------------------- nbdev processing
+def _plain_doc(call: str, ns: dict) -> str:
+    "The signature and docstring of the object named in a `show_doc(X)` call, as markdown (no parameter table)."
+    import inspect
+    name = call[call.index('(') + 1:].split(',')[0].split(')')[0].strip()
+    obj = eval(name, ns)
+    try: sig = str(inspect.signature(obj))
+    except (TypeError, ValueError): sig = ''
+    doc = inspect.getdoc(obj) or ''
+    return f"### {name.split('.')[-1]}\n\n```python\n{name.split('.')[-1]}{sig}\n```\n\n{doc}\n"
+
 def _procs():
     from nbdev.processors import FilterDefaults, exec_show_docs, Processor, _default_exp, _show_docs
     from nbdev.showdoc import show_doc
@@ -105,7 +115,11 @@ def _procs():
         def __call__(self, cell):
             if cell.cell_type != 'code' or not cell.source or not _show_docs(cell.parsed_()): return
             body = '\n'.join(l for l in cell.source.splitlines() if not l.startswith('#|'))
-            md = eval(body.strip(), self.ns)._repr_markdown_()
+            try: md = eval(body.strip(), self.ns)._repr_markdown_()
+            except Exception as e:   # fastcore cannot parse some sources (e.g. an indented multi-line signature): fall back
+                md = _plain_doc(body.strip(), self.ns)
+                print(f"  {Path(str(getattr(self.nb, 'path_', ''))).name}: {body.strip()}: plain signature "
+                      f"({type(e).__name__}: {str(e).splitlines()[0][:80]})", file=sys.stderr)
             cell.outputs = [{'output_type': 'display_data', 'metadata': {}, 'data': {'text/markdown': md}}]
 
     class Procs(FilterDefaults):
