@@ -121,8 +121,7 @@ def test_tutorial_notebook(tmp_path):
     assert sorted((m['stage'], m['status']) for m in runs) == [('1', 'COMPLETED'), ('1.9', 'COMPLETED'), ('2', 'COMPLETED')]
     spec = importlib.util.spec_from_file_location('docs_build', ROOT/'docs'/'build.py'); build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
-    page, title, _ = build.process(out)
-    from nbconvert import HTMLExporter
-    body, _ = HTMLExporter(template_name='lab').from_notebook_node(nbformat.reads(json.dumps(page), as_version=4), resources={'metadata': {'name': title}})
+    nb, _ = build.process(ROOT/'nbs'/'13_tutorial.ipynb', executed=out)   # the page of the executed tutorial
+    body = build.render_nb(nb)
     assert body.count('<img') >= 3, 'the tutorial page shows no curves'   # Stage 1.9 and 2 live curves, wf_nb.plot
     assert 'BitNetForCausalLM' in body and 'Held-out perplexity' in body
