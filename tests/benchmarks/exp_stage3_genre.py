@@ -117,6 +117,9 @@ def main(argv=None):
     ap.add_argument('--skip-stage1-eval', action='store_true', help='do not evaluate the untrained Stage-1 ternary model')
     ap.add_argument('--json', default=None, help='also write the results here')
     ap.add_argument('--eval-cache', default=None, help='JSON file caching test results per checkpoint (a rerun skips done evals)')
+    ap.add_argument('--stage3', nargs='*', default=[], metavar='KEY=VALUE',
+                    help='extra dotted overrides of the Stage-3 arm (d), e.g. distill.gamma_attn=0 (a sweep point)')
+    ap.add_argument('--arms', default='bcde', help='which trained arms to run (letters of b, c, d, e); default all')
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama for a quick smoke test of this script)')
     a = ap.parse_args(argv)
     MODEL = a.model
@@ -213,20 +216,27 @@ def main(argv=None):
     runs3 = []
     for seed in a.seeds:
         cur_seed[0] = seed; sd = f'training.seed={seed}'; sk = {'training.seed': seed}
-        rb, _ = arm('(b) FP-SFT (teacher)', 'sft', [a.lr, sd], f'lr {a.lr:g}', steps=a.teacher_steps,
+        rb = find(a.runs_dir, 'sft', **{'data.task': TASK, 'training.max_steps': a.teacher_steps or a.steps,
+                  'training.batch_size': a.batch_size, 'training.lr': a.lr, 'data.seq_len': a.seq_len,
+                  'training.precision': a.precision, 'training.checkpoint_path': '', **sk}) if 'b' not in a.arms else None
+        if rb is None: rb, _ = arm('(b) FP-SFT (teacher)', 'sft', [a.lr, sd], f'lr {a.lr:g}', steps=a.teacher_steps,
                     **{'training.checkpoint_path': '', **sk})
-        arm('(c) ternary SFT from Stage 1', 'sft', [lr_t, sd, f'training.checkpoint_path={s1_out}'], f'lr {lr_t:g}',
+        if 'c' in a.arms: arm('(c) ternary SFT from Stage 1', 'sft', [lr_t, sd, f'training.checkpoint_path={s1_out}'], f'lr {lr_t:g}',
             **{'training.checkpoint_path': str(s1_out), **sk})
-        if a.start and not a.no_plain_sft:
+        if a.start and not a.no_plain_sft and 'e' in a.arms:
             arm('(e) ternary SFT from Stages 1.9+2', 'sft', [lr_t, sd, f'training.checkpoint_path={start}'], f'lr {lr_t:g}',
                 **{'training.checkpoint_path': str(start), **sk})
         teacher = output_of(rb)
-        r3, rows3 = arm('(d) BitDistill (Stage 3)', '3', [lr_t, sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}'],
-                        f'lr {lr_t:g}, T=5, lam_ld=10, gamma=1e5', **{'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), **sk})
+        if 'd' not in a.arms: continue
+        s3 = dict(kv.split('=', 1) for kv in a.stage3)
+        s3_match = {k: json.loads(v) if v[:1] in '-.0123456789tfn[{' else v for k, v in s3.items()}
+        r3, rows3 = arm('(d) BitDistill (Stage 3)', '3', [lr_t, sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}', *a.stage3],
+                        f'lr {lr_t:g}' + (', ' + ', '.join(a.stage3) if a.stage3 else ', T=5, lam_ld=10, gamma=1e5 (defaults)'),
+                        **{'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), **sk, **s3_match})
         runs3.append((r3, rows3))
-    r3, rows3 = runs3[-1]
-    teacher = r3.meta().get('teacher')
-    parent = r3.meta().get('lineage', {}).get('parent_output')
+    r3, rows3 = runs3[-1] if runs3 else (None, [])
+    teacher = r3.meta().get('teacher') if r3 else None
+    parent = r3.meta().get('lineage', {}).get('parent_output') if r3 else None
 
     print(f'\n## Results: Shakespeare genre (3-way, by play), {MODEL}{" = SmolLM2-135M-Instruct (Q4_1)" if MODEL == "smollm2_135m" else ""}\n')
     print(f"steps {a.steps} (teacher {a.teacher_steps or a.steps}), batch {a.batch_size} x seq_len {a.seq_len}, lr {a.lr:g} (FP) / {lr_t:g} (ternary), "
@@ -238,7 +248,7 @@ def main(argv=None):
         print(f"| {r['arm']} | {'' if r['seed'] is None else r['seed']} | {r['steps']} | {r['accuracy']:.3f} ± {r['stderr']:.3f} | "
               f"{r['cal_accuracy']:.3f} ± {r['cal_stderr']:.3f} | {r['n']} | {r['note']}{t} |")
     print(summary(results))
-    print(f"\nStage 3 run {r3.id}: parent {parent}, teacher {teacher}\n")
+    if r3: print(f"\nStage 3 run {r3.id}: parent {parent}, teacher {teacher}\n")
     if rows3:
         keys = ['loss', 'ce', 'kd', 'kd_weighted', 'attn', 'attn_weighted']
         k = max(1, len(rows3) // 4)
