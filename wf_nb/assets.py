@@ -4,10 +4,11 @@
 
 # %% ../nbs/00b_assets.ipynb #d6bf4d71
 from __future__ import annotations
-import importlib.util, os, shutil, sysconfig, tempfile
+import importlib.util, os, sysconfig
 from pathlib import Path
 import torch
 from .config import ModelConfig, PRESETS, get_config
+from .io import atomic_dir
 
 # %% auto #0
 __all__ = ['C_LIB_DIRS', 'cache_dir', 'ModelSourceError', 'package_dir', 'resolve_source', 'hub_call', 'materialize',
@@ -53,18 +54,6 @@ def hub_call(fn, source, *args, **kwargs):
             f"and pass model.source=DIR; or use the offline default model=smollm2_135m.") from e
 
 # %% ../nbs/00b_assets.ipynb #5da14cfa
-def _atomic_dir(final: Path, write):
-    "Run `write(tmp_dir)` and rename the result to `final`; a crash leaves no half-written `final`."
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', dir=final.parent))
-    try:
-        write(tmp)
-        if final.exists(): shutil.rmtree(tmp)   # another process won the race; keep theirs
-        else: os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
-    return final
-
 def materialize(mc: ModelConfig) -> Path | str:
     "A `from_pretrained`-able location for `mc`: GGUF sources are unpacked once into the cache."
     src = resolve_source(mc.source)
@@ -80,7 +69,7 @@ def materialize(mc: ModelConfig) -> Path | str:
         plain.load_state_dict(gg.state_dict())
         plain.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(src, gguf_file=mc.gguf_file).save_pretrained(tmp)
-    return _atomic_dir(final, write)
+    return atomic_dir(final, write, exists='keep')   # another process unpacked it first: keep theirs
 
 # %% ../nbs/00b_assets.ipynb #8130d458
 def load_tokenizer(mc: ModelConfig):

@@ -339,9 +339,9 @@ def _dispatch(a):
         print(f"exported {rep['format']} -> {rep['path']} in {rep['seconds']}s\n{format_size_report(rep)}")
         return 0
     if a.cmd == 'generate':
-        from wf_nb.export import generate_text
+        from wf_nb.evaluate import generate
         if not a.prompt.strip(): raise ValueError("--prompt is empty; give the text to continue, e.g. --prompt 'To be, or not to be'")
-        print(generate_text(resolve_checkpoint(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens)); return 0
+        print(generate(resolve_checkpoint(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens)); return 0
     if a.cmd == 'ablate':
         import shlex
         from wf_nb.ablate import run_ablation

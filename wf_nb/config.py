@@ -8,6 +8,7 @@ import copy, dataclasses, difflib, hashlib, json, os, subprocess, typing
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
+from .io import atomic_write_text
 
 # %% auto #0
 __all__ = ['GROUPS', 'PRESETS', 'PRESET_MODULES', 'STAGES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE',
@@ -399,11 +400,8 @@ def from_dict(d: dict) -> WFConfig:
 def to_yaml(cfg: WFConfig) -> str: return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 def save_yaml(cfg: WFConfig, path):
-    "Write `cfg` to `path` atomically (temp file + rename)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-    tmp.write_text(to_yaml(cfg)); os.replace(tmp, path)
-    return path
+    "Write `cfg` to `path` atomically (`wf_nb.io`)."
+    return atomic_write_text(path, to_yaml(cfg))
 
 def load_yaml(path) -> WFConfig:
     "Read a config written by `save_yaml` (or by hand) and validate it."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_convert.ipynb #8996d0ca
 from __future__ import annotations
-import copy, json, math, os, shutil, tempfile, time
+import copy, json, math, tempfile, time
 from pathlib import Path
 import torch
 import torch.nn as nn
@@ -13,8 +13,10 @@ from huggingface_hub.dataclasses import strict
 from transformers import (AutoConfig, AutoModelForCausalLM, BitNetConfig, BitNetForCausalLM, LlamaConfig,
                           LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 from .config import QuantConfig, WFConfig, save_yaml
+from .io import atomic_dir, format_table
+import wf_nb.kernels   # registers the fused Triton quantizers (CUDA) with wf_nb.quant
 from transformers.initialization import no_init_weights
-from .quant import BitLinear, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform, format_table
+from .quant import BitLinear, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform
 
 # %% auto #0
 __all__ = ['SUBLN_ALLNORM_EPS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config', 'WFQwen3ForCausalLM', 'WFBitNetConfig',
@@ -112,6 +114,7 @@ def _adapt_state_dict(sd: dict, model: nn.Module, haar: bool) -> dict:
         elif k.endswith('o_proj.bias'): sd[k] = torch.zeros_like(v)
     return sd
 
+# %% ../nbs/03_convert.ipynb #b3a7cd7c
 def convert(fp_model: nn.Module, quant_cfg: QuantConfig | None = None) -> nn.Module:
     "Stage 1: a new 1.58-bit student from `fp_model` (SubLN placement and options from `quant_cfg`)."
     qc = quant_cfg or QuantConfig()
@@ -163,9 +166,7 @@ def save_model(model: nn.Module, tokenizer, out_dir, overwrite: bool = False, wf
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; refusing to overwrite a finished checkpoint. "
                               f"Pass overwrite=True (CLI: a new --out) to replace it.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{out.name}.tmp', dir=out.parent))
-    try:
+    def write(tmp):
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)  # state_dict: gathered from FSDP2 shards
         if type(model) is BitNetForCausalLM:
             cj = json.loads((tmp/'config.json').read_text())
@@ -175,13 +176,7 @@ def save_model(model: nn.Module, tokenizer, out_dir, overwrite: bool = False, wf
         if wf_config is not None: save_yaml(wf_config, tmp/'config.yaml')
         for name, obj in extra_json.items():
             (tmp/f'{name}.json').write_text(json.dumps(obj, indent=2, default=str))
-        if out.exists():
-            old = out.with_name(f'.{out.name}.old{os.getpid()}')
-            os.replace(out, old); os.replace(tmp, out); shutil.rmtree(old, ignore_errors=True)
-        else: os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
-    return out
+    return atomic_dir(out, write, exists='replace' if overwrite else 'error')
 
 # %% ../nbs/03_convert.ipynb #5f029a63
 def _read_state_dict(path: Path) -> dict:
@@ -270,6 +265,7 @@ def compare_logits(models: dict, ids: torch.Tensor, ref: str = 'fp', batch_token
     return [dict(model=k, ppl=math.exp(a['nll'] / n_tok), cosine=a['cos'] / n_tok, top1=a['top1'] / n_tok, tokens=n_tok)
             for k, a in acc.items()]
 
+# %% ../nbs/03_convert.ipynb #d51a20c7
 def conversion_report(fp_model, tokenizer, texts=None, quant_cfg: QuantConfig | None = None, n_seq: int = 8,
                       seq_len: int = 256, placements=('none', 'paper', 'allnorm'), student=None, verbose=True) -> dict:
     "FP vs naive ternary vs converted students on held-out `texts` (file paths or strings; default Shakespeare)."

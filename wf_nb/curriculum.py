@@ -8,7 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 from .config import DistillConfig
-from .distill import layerwise_weight_at, layerwise_loss, IGNORE_INDEX
+from .distill import layerwise_weight_at, layerwise_loss
+from .losses import IGNORE_INDEX
 
 # %% auto #0
 __all__ = ['saliency_boost_at', 'saliency_weights', 'token_saliency', 'saliency_distill_loss']

@@ -9,58 +9,12 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from .config import DistillConfig
+from .losses import IGNORE_INDEX, lm_loss
 
 # %% auto #0
-__all__ = ['IGNORE_INDEX', 'lm_loss', 'chunked_lm_loss', 'real_tokens', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at',
-           'pretrain_distill_loss', 'decoder_layers', 'layer_index', 'attention_module', 'capture_qkv',
-           'attention_relation_loss', 'stage3_loss', 'kd_midtrain_loss']
-
-# %% ../nbs/05_distill.ipynb #80d0419b
-IGNORE_INDEX = -100
-
-def _shifted_valid(logits, labels, ignore_index=IGNORE_INDEX):
-    "Logits rows `[N, V]` and targets `[N]` of the positions whose next-token label is not ignored."
-    lg, lb = logits[:, :-1], labels[:, 1:]
-    valid = lb != ignore_index
-    return lg[valid], lb[valid]          # gathers only the N scored rows (no copy of the full [B,S,V] logits)
-
-def lm_loss(logits, labels, ignore_index=IGNORE_INDEX) -> dict:
-    "Mean next-token CE over non-ignored labels (shifted), with `n_tokens` and `n_correct` (top-1) counts."
-    lb = labels[:, 1:]
-    n = int((lb != ignore_index).sum())
-    if n == 0:   # all ignored: a zero loss that keeps the graph (no NaN from 0/0)
-        z = logits.sum() * 0.
-        zero = torch.zeros((), dtype=torch.long, device=logits.device)
-        return dict(loss=z, n_tokens=zero, n_correct=zero.clone())
-    if 2 * n >= lb.numel():   # most positions scored (pretraining): shift the labels, not the logits, so the backward
-        tgt = F.pad(lb, (0, 1), value=ignore_index)   # writes no zero-filled [B,S,V] slice/gather gradients
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), ignore_index=ignore_index, reduction='sum') / n
-        with torch.no_grad(): n_correct = ((logits.argmax(-1) == tgt) & (tgt != ignore_index)).sum()
-    else:                     # few scored positions (SFT): gather just those rows
-        rows, tgt = _shifted_valid(logits, labels, ignore_index)
-        loss = F.cross_entropy(rows.float(), tgt, reduction='sum') / n
-        with torch.no_grad(): n_correct = (rows.argmax(-1) == tgt).sum()
-    return dict(loss=loss, n_tokens=torch.tensor(n, device=logits.device), n_correct=n_correct)
-
-# %% ../nbs/05_distill.ipynb #e4af01d4
-def _chunk_ce(h, w, b, tgt):
-    lg = (h @ w.T if b is None else F.linear(h, w, b)).float()
-    return F.cross_entropy(lg, tgt, reduction='sum'), (lg.argmax(-1) == tgt).sum()
-
-def chunked_lm_loss(hidden, weight, labels, chunk: int = 4096, bias=None, ignore_index=IGNORE_INDEX) -> dict:
-    "`lm_loss(hidden @ weight.T + bias, labels)` computed `chunk` scored positions at a time, logits never stored."
-    from torch.utils.checkpoint import checkpoint
-    h, tgt = _shifted_valid(hidden, labels, ignore_index)       # [N, d] rows whose next token is scored
-    n = tgt.numel()
-    if n == 0:
-        z = hidden.sum() * 0. + weight.sum() * 0.
-        zero = torch.zeros((), dtype=torch.long, device=hidden.device)
-        return dict(loss=z, n_tokens=zero, n_correct=zero.clone())
-    tot, correct = 0., 0
-    for i in range(0, n, chunk):
-        ce, c = checkpoint(_chunk_ce, h[i:i + chunk], weight, bias, tgt[i:i + chunk], use_reentrant=False)
-        tot, correct = tot + ce, correct + c
-    return dict(loss=tot / n, n_tokens=torch.tensor(n, device=hidden.device), n_correct=correct.detach())
+__all__ = ['real_tokens', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at', 'pretrain_distill_loss', 'decoder_layers',
+           'layer_index', 'attention_module', 'capture_qkv', 'attention_relation_loss', 'stage3_loss',
+           'kd_midtrain_loss']
 
 # %% ../nbs/05_distill.ipynb #a331ec62
 def _is_labels(t):
@@ -188,6 +142,7 @@ def attention_module(model, layer: float):
     if att is None: raise ValueError(f"decoder layer {layer} of {type(model).__name__} has no `self_attn`")
     return att
 
+# %% ../nbs/05_distill.ipynb #a225ab2f
 @contextmanager
 def capture_qkv(model, layer: float = -1):
     "Within the block, each forward of `model` stores the Q/K/V of `layer` into the yielded dict (`q`, `k`, `v`)."

@@ -4,16 +4,17 @@
 
 # %% ../nbs/08_eval.ipynb #8ace6708
 from __future__ import annotations
-import json, math, os, time
+import itertools, json, math, os, time
 from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
+from .io import format_table, write_json
 from .tasks import mean_stderr, read_jsonl, TaskFormatError
 
 # %% auto #0
 __all__ = ['TEXT_SUFFIXES', 'windows', 'token_docs', 'perplexity', 'encode_pair', 'choice_logprobs', 'multiple_choice',
-           'generate', 'load_for_eval', 'format_table', 'evaluate']
+           'generate', 'load_for_eval', 'metric_rows', 'evaluate']
 
 # %% ../nbs/08_eval.ipynb #2a446834
 def windows(n: int, seq_len: int, stride: int | None = None) -> list[tuple[int, int, int]]:
@@ -77,6 +78,7 @@ def token_docs(data, tokenizer=None, max_tokens: int | None = None) -> list[np.n
         docs = out
     return docs
 
+# %% ../nbs/08_eval.ipynb #1ac3d5c6
 @torch.no_grad()
 def perplexity(model, data, tokenizer=None, seq_len: int = 512, stride: int | None = None, batch_size: int = 4,
                max_tokens: int | None = None) -> dict:
@@ -164,13 +166,18 @@ def multiple_choice(model, tokenizer, mc, max_len: int = 1024, limit: int | None
 
 # %% ../nbs/08_eval.ipynb #efc3f3c8
 @torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+def generate(model, tokenizer=None, prompt: str = '', max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, chat: bool = False) -> str:
-    "Greedy (temperature 0) or sampled continuation of `prompt` (new text only)."
-    dev = next(model.parameters()).device
+    "Greedy (temperature 0) or sampled continuation of `prompt` (new text only); `model` may be a directory or preset (`load_for_eval`)."
+    if not isinstance(model, nn.Module):
+        model, own = load_for_eval(model)
+        tokenizer = tokenizer or own
+    if tokenizer is None: raise ValueError("generate: pass a tokenizer with a model object")
+    dev = next(itertools.chain(model.parameters(), model.buffers())).device
     if chat: prompt = tokenizer.apply_chat_template([{'role': 'user', 'content': prompt}], tokenize=False, add_generation_prompt=True)
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids], device=dev)
-    kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=pad,
               eos_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(ids))
     if temperature > 0: kw.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
     else: kw.update(temperature=None, top_p=None, top_k=None)
@@ -207,30 +214,25 @@ def load_for_eval(src, dtype=None):
     raise FileNotFoundError(f"evaluate: {src!r} is neither a checkpoint directory nor a model preset "
                             f"({', '.join(sorted(PRESETS['model']))})")
 
-def _atomic_json(path, obj):
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-    tmp.write_text(json.dumps(obj, indent=2, default=float)); os.replace(tmp, path)
-
-def format_table(results: dict) -> str:
-    "A plain-text table of the metrics in `results`."
-    lines = [f"{'metric':<28} {'value':>12} {'stderr':>10} {'n':>8}", '-' * 61]
+def metric_rows(results: dict) -> list[dict]:
+    "The rows (metric, value, stderr, n) of `wf eval`'s table for the metrics in `results`; print with `io.format_table`."
+    row = lambda metric, value, stderr, n: dict(metric=metric, value=float(value), stderr=None if stderr is None else float(stderr), n=n)
+    rows = []
     if 'perplexity' in results:
         r = results['perplexity']
-        lines.append(f"{'perplexity':<28} {r['perplexity']:>12.4f} {'':>10} {r['n_tokens']:>8}")
-        lines.append(f"{'nll (nats/token)':<28} {r['nll']:>12.4f} {'':>10} {r['n_tokens']:>8}")
+        rows += [row('perplexity', r['perplexity'], None, r['n_tokens']), row('nll (nats/token)', r['nll'], None, r['n_tokens'])]
     if 'mc' in results:
         r = results['mc']
-        lines.append(f"{'mc acc':<28} {r['acc']:>12.4f} {r['acc_stderr']:>10.4f} {r['n']:>8}")
-        lines.append(f"{'mc acc_norm':<28} {r['acc_norm']:>12.4f} {r['acc_norm_stderr']:>10.4f} {r['n']:>8}")
+        rows += [row('mc acc', r['acc'], r['acc_stderr'], r['n']), row('mc acc_norm', r['acc_norm'], r['acc_norm_stderr'], r['n'])]
     if 'task' in results:
-        r = results['task']
-        lines.append(f"{'task ' + r.get('name', '') + ' acc':<28} {r['accuracy']:>12.4f} {r['stderr']:>10.4f} {r['n']:>8}")
+        r, name = results['task'], results['task'].get('name', '')
+        rows.append(row(f'task {name} acc', r['accuracy'], r['stderr'], r['n']))
         if 'calibrated' in r:
             c = r['calibrated']
-            lines.append(f"{'task ' + r.get('name', '') + ' acc (calibrated)':<28} {c['accuracy']:>12.4f} {c['stderr']:>10.4f} {c['n']:>8}")
-    return '\n'.join(lines)
+            rows.append(row(f'task {name} acc (calibrated)', c['accuracy'], c['stderr'], c['n']))
+    return rows
 
+# %% ../nbs/08_eval.ipynb #9861d355
 def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokenizer=None, seq_len: int = 512,
              stride: int | None = None, batch_size: int = 4, max_tokens: int | None = None, limit: int | None = None,
              max_len: int = 1024, calibrate: bool = False, log=print) -> dict:
@@ -270,6 +272,6 @@ def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokeni
         r.pop('predictions'); r.get('calibrated', {}).pop('predictions', None); r['name'] = tk.name
         res['task'] = r
     res['seconds'] = round(time.time() - t0, 2)
-    log(f"evaluation of {src}\n" + format_table(res))
-    if out_json: _atomic_json(out_json, res)
+    log(f"evaluation of {src}\n" + format_table(metric_rows(res), '.4f'))
+    if out_json: write_json(out_json, res, default=float)
     return res

@@ -4,17 +4,18 @@
 
 # %% ../nbs/03a_export.ipynb #194d2525
 from __future__ import annotations
-import copy, json, os, shutil, tempfile, time, warnings
+import copy, json, shutil, tempfile, time, warnings
 from pathlib import Path
 import torch, torch.nn as nn
 from safetensors.torch import save_file, load_file
-from .kernels import PackedBitLinear, weight_quant, bench
+from .kernels import PackedBitLinear, weight_codes, bench
 from .quant import BitLinear, unpack_ternary
+from .io import atomic_dir, atomic_file
 
 # %% auto #0
 __all__ = ['SKIP', 'HF_QUANT_CONFIG', 'PACKED_JSON', 'FORMATS', 'ExportError', 'quantized_linears', 'pack_model',
            'bitnet_unexpressible', 'is_packed_dir', 'load_packed', 'size_report', 'format_size_report', 'check_gguf',
-           'export_model', 'generate_text']
+           'export_model']
 
 # %% ../nbs/03a_export.ipynb #87c93af5
 class ExportError(ValueError):
@@ -56,21 +57,11 @@ def _tiny_bitnet(seed: int = 0, vocab: int = 256, hidden: int = 64, inter: int =
 
 # %% ../nbs/03a_export.ipynb #c2a7471e
 def _atomic_write(final: Path, write, overwrite: bool = False) -> Path:
-    "Run `write(tmp)` (tmp: a fresh dir next to `final`) and rename it to `final`."
+    "`io.atomic_dir`, with export's message for an existing `--out`."
     final = Path(final)
     if final.exists() and not overwrite:
         raise ExportError(f"{final} already exists: choose another --out or pass overwrite=True (--overwrite)")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.tmp.', dir=final.parent))
-    try:
-        write(tmp)
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f'.{final.name}.old.', dir=final.parent))
-            os.replace(final, old / 'x'); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
-        else: os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
-    return final
+    return atomic_dir(final, write, exists='replace')
 
 def _dedup_state(sd: dict) -> tuple[dict, list]:
     "Drop tensors that alias an earlier one (tied embeddings): (state dict, dropped keys)."
@@ -131,9 +122,8 @@ def _save_packed(pmodel, out: Path, fmt: str, tokenizer=None, dtype=None, overwr
 
 # %% ../nbs/03a_export.ipynb #afb7e3a9
 def _register_wf_classes():
-    for mod in ('wf_nb.convert', 'wf_nb.models'):
-        try: __import__(mod)
-        except ImportError: pass
+    "Importing these registers wf_nb's model classes (SubLN Llama/Qwen3, wf_moe, wf_fft) with transformers' Auto*."
+    import wf_nb.convert, wf_nb.models  # noqa: F401
 
 def is_packed_dir(path) -> bool:
     "Does `path` hold a packed checkpoint (wf_nb's, or an offline HF-BitNet one)?"
@@ -329,41 +319,12 @@ def export_model(src, fmt: str = 'hf-bitnet', out=None, tokenizer=None, overwrit
         target = out if out.suffix == '.gguf' else out / 'model.gguf'
         if target.exists() and not overwrite:
             raise ExportError(f"{target} already exists: choose another --out or pass overwrite=True (--overwrite)")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f'.{target.name}.', suffix='.tmp', dir=target.parent); os.close(fd)
-        try:
-            _write_gguf(pm, Path(tmp), ternary_type)
-            rep['tensor_types'] = check_gguf(tmp, pm)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True); raise
+        def write(tmp):
+            _write_gguf(pm, tmp, ternary_type)
+            rep['tensor_types'] = check_gguf(tmp, pm)   # checked before it gets its name
+        atomic_file(target, write, exists='replace')
         out = target
     else:
         _save_packed(pm, out, fmt, tokenizer=tokenizer, overwrite=overwrite)
     rep.update(path=str(out), seconds=round(time.time() - t0, 2), **size_report(pm, out))
     return rep
-
-# %% ../nbs/03a_export.ipynb #59ef4cd2
-def generate_text(model_or_dir, tokenizer=None, prompt: str = '', max_new_tokens: int = 32) -> str:
-    "Greedy continuation of `prompt` (the new text only) by a model or a packed/exported directory."
-    model = model_or_dir
-    if not isinstance(model, nn.Module):
-        p = Path(model_or_dir)
-        if not (p / 'config.json').exists(): raise ExportError(f"generate: {p} is not a model directory (no config.json)")
-        if is_packed_dir(p): model = load_packed(p)
-        else:
-            from wf_nb.convert import load
-            model = load(p)
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-            try: tokenizer = AutoTokenizer.from_pretrained(p)
-            except Exception as e:
-                raise ExportError(f"generate: {p} holds no tokenizer; pass one (tokenizer=...)") from e
-    if tokenizer is None: raise ExportError("generate: pass a tokenizer with a model object")
-    enc = tokenizer(prompt, return_tensors='pt')
-    ids = enc.input_ids.to(next(model.buffers()).device)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=pad)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['EXISTS', 'atomic_write_bytes', 'atomic_write_text', 'write_json', 'read_json', 'write_yaml', 'read_yaml',
-           'atomic_dir', 'atomic_file', 'set_aside', 'sha256_file', 'sha256_json']
+           'atomic_dir', 'atomic_file', 'set_aside', 'sha256_file', 'sha256_files', 'sha256_json', 'format_table']
 
 # %% ../nbs/00_io.ipynb #29be6c7b
 def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> Path:
@@ -102,7 +102,26 @@ def sha256_file(path, bufsize: int = 1 << 20) -> str:
         while chunk := f.read(bufsize): h.update(chunk)
     return h.hexdigest()
 
+def sha256_files(paths, bufsize: int = 1 << 20) -> str:
+    "One hex SHA-256 over several files, in name order: each file's name, then its bytes (a checkpoint's weights)."
+    h = hashlib.sha256()
+    for p in sorted(map(Path, paths), key=lambda p: p.name):
+        h.update(p.name.encode())
+        with open(p, 'rb') as f:
+            while chunk := f.read(bufsize): h.update(chunk)
+    return h.hexdigest()
+
 def sha256_json(obj, n: int | None = None) -> str:
     "Hex SHA-256 of `obj` as canonical JSON (sorted keys), its first `n` characters if given: a content fingerprint."
     h = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
     return h[:n] if n else h
+
+# %% ../nbs/00_io.ipynb #d4426c83
+def format_table(rows: list[dict], floatfmt: str = '.4g') -> str:
+    "A markdown table of a list of dicts (columns: the first row's keys; a missing value is blank)."
+    if not rows: return ''
+    keys = list(rows[0])
+    fmt = lambda v: format(v, floatfmt) if isinstance(v, float) else '' if v is None else str(v)
+    lines = ['| ' + ' | '.join(keys) + ' |', '|' + '---|' * len(keys)]
+    lines += ['| ' + ' | '.join(fmt(r.get(k)) for k in keys) + ' |' for r in rows]
+    return '\n'.join(lines)

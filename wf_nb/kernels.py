@@ -13,12 +13,12 @@ except ImportError:  # pragma: no cover - triton is optional; the torch paths ne
     triton = tl = None
     HAS_TRITON = False
 from .quant import (act_quant_int, weight_quant_int, pack_ternary, unpack_ternary, ste_quant, RMSNorm,
-                         haar_transform, haar_width, register_act_codes, act_quant as q_act_quant, weight_quant as q_weight_quant)
+                         haar_transform, haar_width, register_act_codes, register_fake_quant, act_quant as q_act_quant, weight_quant as q_weight_quant)
 
 # %% auto #0
 __all__ = ['act_quant_ref', 'weight_quant_ref', 'fake_weight_quant_ref', 'fake_act_quant_ref', 'w2a8_ref', 'interpreting',
            'triton_ok', 'act_quant_triton', 'weight_quant_triton', 'fake_weight_quant_triton', 'w2a8_triton',
-           'fake_weight_quant', 'fake_act_quant', 'act_quant', 'weight_quant', 'int8_matmul', 'w2a8_linear',
+           'fake_weight_quant', 'fake_act_quant', 'act_codes', 'weight_codes', 'int8_matmul', 'w2a8_linear',
            'PackedBitLinear', 'bench']
 
 # %% ../nbs/02_kernels.ipynb #00689990
@@ -95,6 +95,8 @@ if HAS_TRITON:
             tl.store(out_ptr + offs, wq.to(out_ptr.dtype.element_ty), mask=m)
         else: tl.store(out_ptr + offs, t.to(tl.int8), mask=m)
 
+# %% ../nbs/02_kernels.ipynb #a3cbb158
+if HAS_TRITON:
     @triton.jit
     def _w2a8_store(acc, g, rm, rr, xs, ws, b_ptr, y_ptr, M, N, R, stride_ym, HAS_BIAS: tl.constexpr,
                     EXACT: tl.constexpr):
@@ -188,6 +190,7 @@ def fake_weight_quant_triton(w: torch.Tensor, lam: float = 1.0):
 def _w2a8_blocks(m):
     return (16 if m <= 16 else 32 if m <= 32 else 64), 32, 64
 
+# %% ../nbs/02_kernels.ipynb #266e1435
 def w2a8_triton(xq, xs, w_packed, w_scale, out_features: int, bias=None, out_dtype=torch.float32):
     "Packed ternary x int8 matmul (Triton): same contract as `w2a8_ref`."
     _need_triton(xq)
@@ -237,6 +240,8 @@ def fake_act_quant(x: torch.Tensor, lam: float = 1.0) -> torch.Tensor:
     if lam <= 0: return x
     return _STEAct.apply(x, float(lam))
 
+if HAS_TRITON: register_fake_quant('cuda', fake_weight_quant, fake_act_quant)   # BitLinear's fake-quant forward on CUDA
+
 # %% ../nbs/02_kernels.ipynb #b949337f
 def _backend(t, backend):
     if backend == 'auto': return 'triton' if (t.is_cuda and triton_ok(t)) else 'torch'
@@ -251,11 +256,11 @@ def _act_quant_torch(x):
 
 if HAS_TRITON: register_act_codes('cuda', act_quant_triton)   # BitLinear's integer forward quantizes with it on CUDA
 
-def act_quant(x: torch.Tensor, backend: str = 'auto'):
+def act_codes(x: torch.Tensor, backend: str = 'auto'):
     "Per-token int8 quantization of `x`: (int8 values, float32 scale [..., 1]); Triton on CUDA."
     return act_quant_triton(x) if _backend(x, backend) == 'triton' else _act_quant_torch(x)
 
-def weight_quant(w: torch.Tensor, backend: str = 'auto'):
+def weight_codes(w: torch.Tensor, backend: str = 'auto'):
     "Ternary quantization of `w`: (int8 values in {-1,0,1}, float32 scalar scale); Triton on CUDA."
     return weight_quant_triton(w) if _backend(w, backend) == 'triton' else weight_quant_ref(w)
 
@@ -302,7 +307,7 @@ class PackedBitLinear(nn.Module):
         norm = getattr(lin, 'rms_norm', None)
         m = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, dtype=w.dtype, device=w.device,
                 norm_eps=None if norm is None else norm.variance_epsilon, haar=getattr(lin, 'haar', False), cache=cache)
-        t, s = weight_quant(w)
+        t, s = weight_codes(w)
         with torch.no_grad():
             m.weight.copy_(pack_ternary(t)); m.weight_scale.fill_(s.item())
             if lin.bias is not None: m.bias.copy_(lin.bias.detach())
@@ -320,7 +325,7 @@ class PackedBitLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rms_norm is not None: x = self.rms_norm(x)
         if self.haar: x = haar_transform(x)
-        xq, xs = act_quant(x)
+        xq, xs = act_codes(x)
         if x.is_cuda and triton_ok(x):
             return w2a8_linear(xq, xs, self.weight, self.weight_scale, self.out_features, self.bias, x.dtype)
         return w2a8_linear(xq, xs, self.weight, self.weight_scale, self.out_features, self.bias, x.dtype,

@@ -4,15 +4,17 @@
 
 # %% ../nbs/08a_lmeval.ipynb #943218d8
 from __future__ import annotations
-import json, os, random, re, tempfile, time
+import json, random, re, tempfile, time
 from pathlib import Path
 import yaml
 from .tasks import GENRE_TASK, genre_splits, play_lines, read_jsonl, shakespeare_genre, TaskFormatError
-from .evaluate import _atomic_json, _mc_rows, evaluate, format_table, load_for_eval, multiple_choice
+from .io import atomic_write_text, read_yaml, write_json, write_yaml
+from .io import format_table
+from .evaluate import _mc_rows, evaluate, load_for_eval, metric_rows, multiple_choice
 
 # %% auto #0
 __all__ = ['MC_METRICS', 'BUILTIN_TASKS', 'mc_task_yaml', 'genre_rows', 'cloze_rows', 'task_files', 'resolve_tasks',
-           'LMEvalMissing', 'run_lm_eval', 'lm_eval_summary', 'mc_agreement', 'format_lm_eval_rows', 'lm_evaluate']
+           'LMEvalMissing', 'run_lm_eval', 'lm_eval_summary', 'mc_agreement', 'lm_eval_rows', 'lm_evaluate']
 
 # %% ../nbs/08a_lmeval.ipynb #83851e0d
 MC_METRICS = ('acc', 'acc_norm', 'acc_bytes')
@@ -27,10 +29,7 @@ def mc_task_yaml(data_file, out_dir, name: str | None = None, metrics=MC_METRICS
                 doc_to_choice='{{choices}}', doc_to_target='{{label}}', target_delimiter='',
                 metric_list=[dict(metric=m, aggregation='mean', higher_is_better=True) for m in metrics],
                 metadata={'version': 1.0, 'source': 'wf_nb'})
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    path = out / f'{name}.yaml'
-    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}'); tmp.write_text(yaml.safe_dump(spec, sort_keys=False)); os.replace(tmp, path)
-    return path
+    return write_yaml(Path(out_dir) / f'{name}.yaml', spec)
 
 # %% ../nbs/08a_lmeval.ipynb #afac96fe
 def genre_rows(n_per_genre: int = 20, seed: int = 0) -> list[dict]:
@@ -68,9 +67,7 @@ def task_files(out_dir, names=None, n: int | None = None) -> dict[str, Path]:
     for name in names or BUILTIN_TASKS:
         make = BUILTIN_TASKS[name]
         rows = make() if n is None else make(max(1, n // 3)) if name == 'wf_shakespeare_genre' else make(n)
-        data = out / f'{name}.jsonl'
-        tmp = data.with_name(f'.{data.name}.tmp{os.getpid()}')
-        tmp.write_text(''.join(json.dumps(r) + '\n' for r in rows)); os.replace(tmp, data)
+        data = atomic_write_text(out / f'{name}.jsonl', ''.join(json.dumps(r) + '\n' for r in rows))
         paths[name] = mc_task_yaml(data, out, name=name)
     return paths
 
@@ -84,7 +81,7 @@ def resolve_tasks(spec, work_dir, n: int | None = None) -> tuple[list[str], list
         if it in BUILTIN_TASKS: task_files(work_dir, [it], n); names.append(it)
         elif p.suffix in ('.yaml', '.yml'):
             if not p.is_file(): raise FileNotFoundError(f"--lm-eval: task file {p} does not exist")
-            spec_ = yaml.safe_load(p.read_text()) or {}
+            spec_ = read_yaml(p) or {}
             if 'task' not in spec_: raise TaskFormatError(f"--lm-eval: {p} has no `task:` name; is it a lm-eval task YAML?")
             names.append(spec_['task']); include.append(str(p.resolve().parent))
         elif p.suffix == '.jsonl':
@@ -140,16 +137,11 @@ def mc_agreement(model, tokenizer, mc_file, batch_size: int = 8) -> dict:
                 lm_eval_acc=h['acc'], lm_eval_acc_bytes=h['acc_bytes'], lm_eval_acc_norm=h['acc_norm'], pairs=pairs)
 
 # %% ../nbs/08a_lmeval.ipynb #5b8fa9c6
-def format_lm_eval_rows(summary: dict) -> str:
-    "`wf eval` table rows for harness metrics."
-    lines = []
-    for task, r in summary.items():
-        for k, v in r.items():
-            if k == 'n' or k.endswith('_stderr'): continue
-            se = r.get(f'{k}_stderr')
-            se = f'{se:>10.4f}' if isinstance(se, (int, float)) else f"{'':>10}"
-            lines.append(f"{task + ' ' + k:<28} {v:>12.4f} {se} {r.get('n') or '':>8}")
-    return '\n'.join(lines)
+def lm_eval_rows(summary: dict) -> list[dict]:
+    "`wf eval` table rows (metric, value, stderr, n) of the harness metrics in `summary`."
+    num = lambda v: float(v) if isinstance(v, (int, float)) else None
+    return [dict(metric=f'{task} {k}', value=float(v), stderr=num(r.get(f'{k}_stderr')), n=r.get('n'))
+            for task, r in summary.items() for k, v in r.items() if k != 'n' and not k.endswith('_stderr')]
 
 def lm_evaluate(src, lm_eval, data=None, mc=None, task=None, out_json=None, limit: int | None = None,
                 batch_size: int = 8, num_fewshot: int | None = None, log=print, **kw) -> dict:
@@ -167,7 +159,7 @@ def lm_evaluate(src, lm_eval, data=None, mc=None, task=None, out_json=None, limi
     res['lm_eval_results'] = json.loads(json.dumps({k: out.get(k) for k in ('results', 'n-shot', 'n-samples', 'versions', 'configs')},
                                                    default=handle_non_serializable))
     res['seconds'] = round(time.time() - t0, 2)
-    log(f"evaluation of {res['model']}\n" + format_table(res) + '\n' + format_lm_eval_rows(res['lm_eval']))
+    log(f"evaluation of {res['model']}\n" + format_table(metric_rows(res) + lm_eval_rows(res['lm_eval']), '.4f'))
     log("lm-evaluation-harness:\n" + make_table(out))
-    if out_json: _atomic_json(out_json, res)
+    if out_json: write_json(out_json, res, default=float)
     return res

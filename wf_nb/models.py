@@ -12,15 +12,16 @@ import torch.nn.functional as F
 from transformers import (AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from .losses import lm_loss
 from .config import ModelConfig, PRESETS, get_config, register_preset
 from .assets import load_fp_model, hf_config
 from .quant import BitLinear, ste_quant, act_quant
 
 # %% auto #0
-__all__ = ['WFCausalLMOutput', 'causal_lm_loss', 'rope_cos_sin', 'apply_rope', 'attention_bias', 'Attention',
-           'expert_weight_quant', 'MoEFeedForward', 'ternarize_wf', 'WFMoEConfig', 'MoEDecoderLayer', 'WFBody',
-           'WFMoEForCausalLM', 'fft_causal_conv', 'ResonanceMixer', 'WFFFTConfig', 'FFTMLP', 'FFTBlock',
-           'WFFFTForCausalLM', 'model_config', 'build_model', 'count_params']
+__all__ = ['WFCausalLMOutput', 'rope_cos_sin', 'apply_rope', 'attention_bias', 'Attention', 'expert_weight_quant',
+           'MoEFeedForward', 'ternarize_wf', 'WFMoEConfig', 'MoEDecoderLayer', 'WFBody', 'WFMoEForCausalLM',
+           'fft_causal_conv', 'ResonanceMixer', 'WFFFTConfig', 'FFTMLP', 'FFTBlock', 'WFFFTForCausalLM', 'model_config',
+           'build_model', 'count_params']
 
 # %% ../nbs/02a_models.ipynb #090c25b1
 _RANDOM = dict(source='', gguf_file='', tokenizer='smollm2_135m')
@@ -44,10 +45,6 @@ class WFCausalLMOutput(CausalLMOutputWithPast):
     aux_loss: torch.FloatTensor | None = None
     lm_loss: torch.FloatTensor | None = None
     metrics: dict | None = None
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    "Mean cross-entropy of `logits[:, :-1]` vs unshifted `labels[:, 1:]`, ignoring -100 (fp32)."
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
 
 def rope_cos_sin(position_ids: torch.Tensor, dim: int, theta: float):
     "cos/sin tables `[B, S, dim]` for rotary embeddings at `position_ids` `[B, S]`."
@@ -207,7 +204,7 @@ class _WFPreTrained(PreTrainedModel):
         self.post_init()
 
     def _lm_output(self, logits, labels, hidden, aux=None, metrics=None):
-        lm = causal_lm_loss(logits, labels) if labels is not None else None
+        lm = lm_loss(logits, labels)['loss'] if labels is not None else None   # wf_nb.losses: one CE convention
         loss = None if lm is None else (lm if aux is None else lm + aux)
         return WFCausalLMOutput(loss=loss, logits=logits, hidden_states=hidden, aux_loss=aux, lm_loss=lm, metrics=metrics)
 

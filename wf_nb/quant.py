@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'weight_quant_compiled', 'ste_quant', 'lambda_at',
-           'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes', 'cached_weight_codes', 'int_linear',
-           'transformers_exact', 'RMSNorm', 'BitLinear', 'bitlinears', 'set_lambda', 'quant_state',
-           'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats', 'format_table']
+           'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes', 'register_fake_quant',
+           'cached_weight_codes', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'bitlinears',
+           'set_lambda', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,6 +126,12 @@ def register_act_codes(device_type: str, fn):
     "Use `fn` (same contract and codes as `act_quant_int(x, 8)`) in the integer forward on `device_type` (wf_nb.kernels: Triton on CUDA)."
     _ACT_CODES[device_type] = fn
 
+_FAKE_QUANT = {}   # device type -> fused (weight, act) STE fake-quantizers `(t, lam) -> t`, the contract of `ste_quant`
+
+def register_fake_quant(device_type: str, weight_fn, act_fn):
+    "Use `weight_fn`/`act_fn` for BitLinear's fake-quant forward (8-bit activations) on `device_type` (wf_nb.kernels on CUDA)."
+    _FAKE_QUANT[device_type] = (weight_fn, act_fn)
+
 def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     "`weight_quant_int(mod.weight)`, computed once per optimizer step (cached on `mod`, keyed by storage, version, step)."
     w = mod.weight
@@ -161,6 +167,7 @@ class _IntLinear(torch.autograd.Function):
         if bdt is not None and ctx.needs_input_grad[2]: gb = g2.sum(0).to(bdt)
         return gx, gw, gb, None, None, None, None
 
+# %% ../nbs/01_quant.ipynb #be816bdd
 def int_linear(x: torch.Tensor, mod: nn.Module) -> torch.Tensor:
     "`F.linear(act_quant(x), weight_quant(W), b)` of a BitLinear at `lam = 1`, as an int8 GEMM (autocast-aware)."
     dev = x.device.type
@@ -190,12 +197,9 @@ class RMSNorm(nn.Module):
     def extra_repr(self): return f'{self.weight.shape[0]}, eps={self.variance_epsilon}'
 
 # Set `BitLinear.use_triton = False` (or WF_NB_TRITON=0) to force the plain PyTorch quantizers on CUDA.
-def _use_triton(x) -> bool:
-    if not (x.is_cuda and BitLinear.use_triton): return False
-    try:
-        from wf_nb.kernels import HAS_TRITON
-        return HAS_TRITON
-    except ImportError: return False
+def _fused_fake_quant(x):
+    "The registered fused (weight, act) fake-quantizers for `x`'s device, or None (importing wf_nb.kernels registers Triton's)."
+    return _FAKE_QUANT.get(x.device.type) if BitLinear.use_triton else None
 
 class BitLinear(nn.Linear):
     "Ternary-weight, int8-activation linear layer (BitNet b1.58) with a straight-through estimator."
@@ -224,9 +228,9 @@ class BitLinear(nn.Linear):
         lam, w = self.lam, self.weight
         if lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward: return int_linear(x, self)   # int8 GEMM
         if lam > 0:
-            if self.act_bits == 8 and _use_triton(x):   # fused Triton quantizers on CUDA (wf_nb.kernels)
-                from wf_nb.kernels import fake_weight_quant, fake_act_quant
-                w, x = fake_weight_quant(w, lam), fake_act_quant(x, lam)
+            fused = _fused_fake_quant(x) if self.act_bits == 8 else None
+            if fused:   # fused Triton quantizers on CUDA (registered by wf_nb.kernels)
+                w, x = fused[0](w, lam), fused[1](x, lam)
             else:
                 w = ste_quant(w, weight_quant_compiled, lam)
                 if self.act_bits: x = ste_quant(x, lambda t: act_quant(t, self.act_bits), lam)
@@ -286,7 +290,7 @@ def _rel(a, b): return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
 
 @torch.no_grad()
 def quant_error_stats(model: nn.Module, inputs=None) -> list[dict]:
-    "Per-BitLinear quantization statistics (see above); print with `format_table`."
+    "Per-BitLinear quantization statistics (see above); print with `wf_nb.io.format_table`."
     rows, captured, hooks = [], {}, []
     layers = bitlinears(model)
     if inputs is not None:
@@ -308,12 +312,3 @@ def quant_error_stats(model: nn.Module, inputs=None) -> list[dict]:
         if inputs is not None: r['a_err'] = captured.get(n, float('nan'))
         rows.append(r)
     return rows
-
-def format_table(rows: list[dict], floatfmt: str = '.4g') -> str:
-    "A markdown table of a list of dicts (same keys)."
-    if not rows: return ''
-    keys = list(rows[0])
-    fmt = lambda v: format(v, floatfmt) if isinstance(v, float) else str(v)
-    lines = ['| ' + ' | '.join(keys) + ' |', '|' + '---|' * len(keys)]
-    lines += ['| ' + ' | '.join(fmt(r.get(k, '')) for k in keys) + ' |' for r in rows]
-    return '\n'.join(lines)

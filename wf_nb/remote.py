@@ -8,6 +8,7 @@ import os, queue, re, shutil, threading
 from pathlib import Path
 from typing import Callable
 from fastcore.basics import patch
+from .io import atomic_dir
 from .train import CheckpointError, latest_checkpoint, verify_checkpoint
 
 # %% auto #0
@@ -53,6 +54,7 @@ def _link_or_copy(src: Path, dst: Path):
     try: os.link(src, dst)
     except OSError: shutil.copy2(src, dst)   # another filesystem, or no hard links
 
+# %% ../nbs/06c_remote.ipynb #5460c263
 class RemoteCheckpoints:
     "A run's checkpoints mirrored to `uri/run_id/`: background uploads (manifest last), remote keep-last-N, verified downloads."
     def __init__(self, uri: str, run_id: str, keep_last: int = 2, queue_size: int = 1, log: Callable = print, fs=None):
@@ -113,16 +115,10 @@ class RemoteCheckpoints:
 @patch
 def download(self: RemoteCheckpoints, name: str, ckpt_root) -> Path:
     "Fetch remote checkpoint `name` into `ckpt_root/name` through a temporary folder, verifying its SHA-256 checksums first."
-    dst = Path(ckpt_root)/name; tmp = dst.with_name(f'.{name}.download')
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    try:
+    def fetch(tmp):
         for p in self.fs.ls(f"{self.root}/{name}", detail=False): self.fs.get_file(p, str(tmp/p.rstrip('/').rsplit('/', 1)[-1]))
-        verify_checkpoint(tmp)
-        if dst.exists(): shutil.rmtree(dst)
-        os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
-    return dst
+        verify_checkpoint(tmp)   # a damaged download never gets the checkpoint's name
+    return atomic_dir(Path(ckpt_root)/name, fetch, exists='replace')
 
 @patch
 def sync_down(self: RemoteCheckpoints, run_dir) -> Path | None:

@@ -8,7 +8,7 @@ import datetime as dt, fcntl, json, os, re, shutil, signal, socket, sys, time
 from dataclasses import dataclass
 from pathlib import Path
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
-from .train import atomic_write_text
+from .io import atomic_dir, atomic_write_text, set_aside, sha256_files
 
 # %% auto #0
 __all__ = ['STATUSES', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
@@ -61,6 +61,7 @@ _WARNED: set = set()
 def _warn_once(msg):
     if msg not in _WARNED: _WARNED.add(msg); print(f"warning: {msg}", file=sys.stderr)
 
+# %% ../nbs/06a_runs.ipynb #bfd3c082
 @dataclass
 class Run:
     "A run directory and its metadata."
@@ -113,6 +114,7 @@ class Run:
 
 _LOCKS: dict[str, int] = {}   # run dir -> descriptor of the lock this process holds
 
+# %% ../nbs/06a_runs.ipynb #4d638949
 def lock_run(run_dir, wait: float = 1.0) -> bool:
     """Take the exclusive lock of a run (`flock` on `RUN/.lock`), held until `unlock_run` or the end of the
     process (the kernel releases it on SIGKILL too). True if newly taken, False if this process held it already.
@@ -176,13 +178,7 @@ def run_output(run: Run) -> Path:
 
 def weights_digest(model_dir) -> str:
     "SHA-256 over a checkpoint directory's weight files (name and bytes), in name order."
-    import hashlib
-    h = hashlib.sha256()
-    for f in sorted(Path(model_dir).glob('*.safetensors')):
-        h.update(f.name.encode())
-        with open(f, 'rb') as fh:
-            for block in iter(lambda: fh.read(1 << 20), b''): h.update(block)
-    return h.hexdigest()
+    return sha256_files(Path(model_dir).glob('*.safetensors'))
 
 def lineage_of(parent_output, runs_dir, parent: Run | None = None) -> dict:
     "The lineage record of a stage that starts from `parent_output` (the output of `parent`, when it is a run)."
@@ -239,6 +235,7 @@ def _check_resumable(run: Run):
         atomic_write_text(run.metrics_path, '')
         run.log(f"restarting run {run.id} from step 0 (no checkpoint was saved): cleared {n} metric line(s) of the earlier attempt")
 
+# %% ../nbs/06a_runs.ipynb #713ff9b2
 def open_run(cfg: WFConfig, runs_dir=None, skip_recovery=False, lineage: dict | None = None, commit=None) -> Run:
     "The run directory for `cfg`, locked for this process: created, or reopened for resume (see above)."
     runs_dir = Path(runs_dir or default_runs_dir())
@@ -258,7 +255,7 @@ def open_run(cfg: WFConfig, runs_dir=None, skip_recovery=False, lineage: dict | 
             if st == 'RUNNING' and (not fresh_lock or m.get('host') not in (None, socket.gethostname())):
                 raise RunExistsError(f"run {rid} is RUNNING in process {m.get('pid')} on {m.get('host')}; `wf cancel {rid}` to stop it", run, st)
             if st == 'DAMAGED':   # keep the damaged file for inspection, rebuild the metadata
-                os.replace(run.meta_path, run.meta_path.with_name('metadata.json.damaged'))
+                set_aside(run.meta_path, '.damaged')
                 run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], stage=cfg.stage, model=cfg.model.name,
                            created=_now(), lineage=lineage or {})
                 run.log(f"{run.meta_path} was damaged: kept as metadata.json.damaged and rebuilt")
@@ -290,11 +287,7 @@ def copy_output(run: Run, out) -> Path:
     if out.exists(): raise FileExistsError(f"--out {out} already exists; refusing to overwrite it. Choose a new directory.")
     if not (src/'config.json').exists():
         raise FileNotFoundError(f"run {run.id} is COMPLETED but its output {src} is missing; `--skip-recovery` trains it again")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f'.{out.name}.tmp{os.getpid()}')
-    try: shutil.copytree(src, tmp); os.replace(tmp, out)
-    except BaseException: shutil.rmtree(tmp, ignore_errors=True); raise
-    return out
+    return atomic_dir(out, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True), exists='error')
 
 # %% ../nbs/06a_runs.ipynb #7009b846
 def list_runs(runs_dir=None) -> list[Run]:
@@ -370,7 +363,3 @@ def cancel_run(ref, runs_dir=None, sig=signal.SIGINT) -> str:
     if m.get('host') != socket.gethostname(): return f"run {r.id} runs on {m.get('host')}; cancel it there"
     os.kill(int(m['pid']), sig)
     return f"sent {signal.Signals(sig).name} to run {r.id} (pid {m['pid']}); it will save and stop after its current step"
-
-# %% ../nbs/06a_runs.ipynb #0c2377ec
-from .train import api_module
-api_module(__name__, 'wf_nb.jupyter.runs')   # `wf_nb.runs()` is the registry as a DataFrame even after `import wf_nb.runs`

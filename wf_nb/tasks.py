@@ -168,6 +168,7 @@ def genre_splits(seed: int = 0, n_val_plays: int = 2, n_test_plays: int = 2) -> 
         out['train'][g] = sorted(o[n_test_plays + n_val_plays:])
     return out
 
+# %% ../nbs/04a_tasks.ipynb #2e7b3d26
 def shakespeare_genre(split: str = 'train', n_per_genre: int | None = None, passage_words: int = 60,
                       seed: int = 0, n_val_plays: int = 2, n_test_plays: int = 2) -> list[dict]:
     "Balanced `{text, label, play}` examples of one split (`n_per_genre` each; default: as many as the scarcest genre allows)."
@@ -222,6 +223,7 @@ def encode_rows(kind, rows, tokenizer, task=None, max_len: int = 512) -> list[di
     if kind == 'classification': return [encode_classification(tokenizer, r['text'], r['label'], task, max_len) for r in rows]
     return [encode_chat(tokenizer, r, max_len) for r in rows]
 
+# %% ../nbs/04a_tasks.ipynb #d08465f2
 class TaskStream:
     "Batches of encoded task examples for the trainer; resumable (`state_dict`), rank-sharded, optionally packed."
     def __init__(self, examples: list[dict], batch_size: int, pad_token_id: int, seq_len: int | None = None,

@@ -14,7 +14,7 @@ import argparse, json, resource, statistics, subprocess, sys, time
 def _point(kind, n, d, V, chunk, reps):
     import torch
     import torch.nn.functional as F
-    from wf_nb.distill import lm_loss, chunked_lm_loss
+    from wf_nb.losses import lm_loss, chunked_lm_loss
     torch.set_num_threads(1); torch.manual_seed(0)
     h = torch.randn(1, n, d, requires_grad=True)
     W = (torch.randn(V, d) * 0.02).requires_grad_()

@@ -50,7 +50,7 @@ def evaluate(model, max_tokens: int) -> dict:
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.data import get_data
-    from wf_nb.distill import lm_loss
+    from wf_nb.losses import lm_loss
     from wf_nb.evaluate import perplexity
     cfg = cfg_for(); tok = load_tokenizer(cfg.model)
     model.eval(); res = {}
@@ -113,7 +113,8 @@ def grad_scale():
     from wf_nb.config import QuantConfig
     from wf_nb.convert import convert
     from wf_nb.data import get_data
-    from wf_nb.distill import lm_loss, kd_loss, layerwise_loss
+    from wf_nb.losses import lm_loss
+    from wf_nb.distill import kd_loss, layerwise_loss
     cfg = cfg_for(); tok = load_tokenizer(cfg.model)
     t = load_fp_model(cfg.model).eval(); s = convert(load_fp_model(cfg.model), QuantConfig()).train()
     b = next(get_data(cfg, tok, 'train', verbose=False))
