@@ -230,6 +230,8 @@ def main(argv=None):
         if 'd' not in a.arms: continue
         s3 = dict(kv.split('=', 1) for kv in a.stage3)
         s3_match = {k: json.loads(v) if v[:1] in '-.0123456789tfn[{' else v for k, v in s3.items()}
+        d3 = get_config(stage='3', model=MODEL).distill   # a run with other Stage-3 settings must not match the defaults
+        s3_match = {**{f'distill.{k}': getattr(d3, k) for k in ('gamma_attn', 'temperature', 'lambda_logits', 'attn_layer')}, **s3_match}
         r3, rows3 = arm('(d) BitDistill (Stage 3)', '3', [lr_t, sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}', *a.stage3],
                         f'lr {lr_t:g}' + (', ' + ', '.join(a.stage3) if a.stage3 else ', T=5, lam_ld=10, gamma=1e5 (defaults)'),
                         **{'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), **sk, **s3_match})
