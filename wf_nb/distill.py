@@ -205,7 +205,7 @@ def stage3_loss(student_logits, teacher_logits, labels, attention_mask=None, s_q
                            "silently not train. Reentrant gradient checkpointing does this: enable it with "
                            "gradient_checkpointing_kwargs={'use_reentrant': False} (the transformers default).")
     lm = lm_loss(student_logits, labels)
-    kd = kd_loss(student_logits, teacher_logits, attention_mask, T)
+    kd = kd_loss(student_logits, teacher_logits, T=T, labels=labels)   # the task's output positions (see above)
     ad = attention_relation_loss(s_qkv, t_qkv, attention_mask, R) if s_qkv is not None else kd * 0.
     loss = lm['loss'] + lam * kd + gam * ad
     return dict(loss=loss, ce=lm['loss'].detach(), kd=kd.detach(), attn=ad.detach(),
