@@ -2,7 +2,7 @@
 `accelerate launch --num_processes N --cpu` / `torchrun` (N processes, gloo).
 
 It trains `tiny_llama` with `wf_nb.train.Trainer` on a deterministic in-memory stream sharded by rank. The stream's
-position counts *global* rows (like `wf_nb.data.TokenStream`), so the union of the ranks' batches at step t equals
+position counts *global* rows (like `wf_nb.stream.TokenStream`), so the union of the ranks' batches at step t equals
 the 1-process batch at step t when `batch_size * world_size` is the same, and a checkpoint's data state is valid
 at any world size. `--die-at STEP` makes every rank SIGKILL itself while computing step STEP+1 (a crash with no
 chance to save). `--sigint-at STEP` sends SIGINT to rank 0 only, as `wf cancel` does."""

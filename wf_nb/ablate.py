@@ -78,7 +78,7 @@ def run_arm(ablation: str, arm: str, seed: int, protocol: str = 'cpu', overrides
 @torch.no_grad()
 def heldout_perplexity(model, cfg, tokenizer, max_tokens: int = 16_384) -> dict:
     "Perplexity of `model` on the first `max_tokens` scored tokens of `cfg`'s held-out (val) documents."
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     from wf_nb.losses import lm_loss
     dev = next(model.parameters()).device
     bf16 = cfg.training.precision == 'bf16'

@@ -310,7 +310,7 @@ def _dispatch(a):
     if a.cmd == 'cancel':
         from wf_nb.runs import cancel_run; print(cancel_run(a.run, a.runs_dir)); return 0
     if a.cmd == 'data':
-        from wf_nb import data as D
+        from wf_nb import shards as D
         if a.data_cmd == 'validate':
             rep = D.data_validate(a.data_path, vocab_size=a.vocab_size, seq_len=a.seq_len, checksums=not a.no_checksums)
             if not rep.get('ok', True):

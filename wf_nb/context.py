@@ -118,7 +118,7 @@ class ProgressiveStream:
 def progressive_data(cfg: WFConfig, tokenizer, model: nn.Module | None = None, rank: int = 0, world_size: int = 1,
                      verbose: bool = True) -> ProgressiveStream:
     "The `ProgressiveStream` for `cfg.data.context_schedule` (tokens per step kept constant across phases)."
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     phases = context_phases(cfg.data.context_schedule, cfg.training.max_steps)
     B0, L0 = cfg.training.batch_size, phases[0][0]
     def make(k):

@@ -53,7 +53,7 @@ def token_docs(data, tokenizer=None, max_tokens: int | None = None) -> list[np.n
         p = Path(data).expanduser()
         if _exists(data):
             if p.is_dir() and ((p/'manifest.json').exists() or any(p.glob('*.npy')) or any(p.glob('*.pt'))):
-                from wf_nb.data import TokenShards
+                from wf_nb.shards import TokenShards
                 st = TokenShards(p, tokenizer=tokenizer)
                 if st.layout == 'rows': docs = [np.asarray(r, np.int64) for k in range(len(st.shards)) for r in st._file(k)]
                 else: docs = [np.asarray(st._file(k), np.int64) for k in range(len(st.shards))]

