@@ -7,6 +7,7 @@ __all__ = ['API_MODULES', 'load', 'get_config', 'run_stage', 'train', 'runs', 'w
 
 # %% ../nbs/12_api.ipynb #4028769b
 __version__ = "0.1.0"
+from . import recipes   # registers every preset (pure config data: no torch)
 
 def load(path, **kwargs):
     """Any checkpoint wf_nb wrote (or a plain HF checkpoint dir): a training checkpoint as the model wf_nb trains

@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     except Exception as e:
         if debug: raise
         from wf_nb.runs import RunExistsError
-        if isinstance(e, RunExistsError) and 'already COMPLETED' in str(e):
+        if isinstance(e, RunExistsError) and e.status == 'COMPLETED':
             print(f"wf {cmd}: {e}", file=sys.stderr); return 0      # nothing to do
         if isinstance(e, RunExistsError): return fail(e, 1)
         if isinstance(e, OSError) and not isinstance(e, (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)):

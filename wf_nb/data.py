@@ -9,14 +9,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 import numpy as np
-from .config import register_preset, get_config
+from .config import get_config
 from .assets import cache_dir, shakespeare_files, stdlib_files, c_header_files, perl_files
 from .io import atomic_dir, sha256_json
 
 # %% auto #0
-__all__ = ['TEXT_SUFFIXES', 'ROW_SUFFIXES', 'PRESET_SOURCES', 'MIXTURES', 'DataError', 'bible_kjv_files', 'TextSource',
-           'text_source', 'register_mixture', 'mixture_components', 'tokenizer_id', 'token_dtype', 'as_tokenizer',
-           'doc_batches', 'DocEncoder', 'encoder_pool']
+__all__ = ['TEXT_SUFFIXES', 'ROW_SUFFIXES', 'PRESET_SOURCES', 'DataError', 'bible_kjv_files', 'TextSource', 'text_source',
+           'mixture_components', 'tokenizer_id', 'token_dtype', 'as_tokenizer', 'doc_batches', 'DocEncoder',
+           'encoder_pool']
 
 # %% ../nbs/04_data.ipynb #3384bbd1
 class DataError(ValueError):
@@ -51,7 +51,7 @@ def bible_kjv_files() -> list[Path]:
 
 PRESET_SOURCES = {'shakespeare': shakespeare_files, 'stdlib': stdlib_files, 'bible_kjv': bible_kjv_files,
                   'c_headers': c_header_files, 'perl': perl_files}
-MIXTURES: dict[str, list[tuple[str, str, float]]] = {}   # named mixtures, see "Mixtures of sources" below
+from .recipes import MIXTURES, register_mixture   # the named mixtures live with every preset (00c_recipes)
 
 # %% ../nbs/04_data.ipynb #1b7a0c02
 class TextSource:
@@ -178,24 +178,6 @@ def _dataset_docs(ds, field, where):
         if isinstance(t, str) and t.strip(): yield t
 
 # %% ../nbs/04_data.ipynb #485135bf
-def register_mixture(name: str, components, data_preset: bool = True):
-    "Register mixture `name` = [(label, source, weight), ...]; also a `data=<name>` config preset."
-    comps = [(str(l), str(s), float(w)) for l, s, w in components]
-    if not comps or any(w < 0 for _, _, w in comps) or sum(w for *_, w in comps) <= 0:
-        raise DataError(f"mixture {name!r}: weights must be >= 0 with a positive sum")
-    MIXTURES[name] = comps
-    if data_preset: register_preset('data', name, mixture=name)
-    return comps
-
-_P1 = [('fineweb_edu', 'shakespeare', 63.75), ('starcoder', 'stdlib', 10.66), ('openwebmath', 'stdlib', 6.93),
-       ('arxiv', 'shakespeare', 6.36), ('wikipedia', 'shakespeare', 5.03), ('stackexchange', 'shakespeare', 5.03),
-       ('algebraic_stack', 'stdlib', 2.25)]
-register_mixture('pretrain_phase1_mix', _P1)
-register_mixture('pretrain_phase2_mix', [(l, s, w * (2 if s == 'stdlib' else 1)) for l, s, w in _P1])
-register_mixture('prose_code', [('prose', 'shakespeare', 0.8), ('code', 'stdlib', 0.2)])
-register_mixture('code_multilang', [('python', 'stdlib', 0.6), ('c', 'c_headers', 0.25), ('perl', 'perl', 0.15)])  # loss/python, loss/c, loss/perl
-register_preset('data', 'bible_kjv', source='bible_kjv')   # needs `sudo apt-get install bible-kjv`
-
 def mixture_components(data_cfg) -> list[tuple[str, str, float]]:
     "[(label, source, weight)] for `data.mixture` (a registered name) or the single `data.source`."
     if data_cfg.mixture:

@@ -13,7 +13,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, GenerationMixin, Pre
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from .losses import lm_loss
-from .config import ModelConfig, PRESETS, get_config, register_preset
+from .config import ModelConfig, PRESETS, get_config
 from .assets import load_fp_model, hf_config
 from .quant import BitLinear, ste_quant, act_quant
 
@@ -22,21 +22,6 @@ __all__ = ['WFCausalLMOutput', 'rope_cos_sin', 'apply_rope', 'attention_bias', '
            'MoEFeedForward', 'ternarize_wf', 'WFMoEConfig', 'MoEDecoderLayer', 'WFBody', 'WFMoEForCausalLM',
            'fft_causal_conv', 'ResonanceMixer', 'WFFFTConfig', 'FFTMLP', 'FFTBlock', 'WFFFTForCausalLM', 'model_config',
            'build_model', 'count_params']
-
-# %% ../nbs/02a_models.ipynb #090c25b1
-_RANDOM = dict(source='', gguf_file='', tokenizer='smollm2_135m')
-register_preset('model', 'mobilellm_140m', name='mobilellm_140m', arch='llama', **_RANDOM, vocab_size=128256,
-                hidden_size=576, num_layers=15, num_heads=9, num_kv_heads=3, intermediate_size=2048,
-                max_position_embeddings=32768, rope_theta=500000.0, tie_embeddings=True)
-register_preset('model', 'mobilellm_360m', name='mobilellm_360m', arch='llama', **_RANDOM, vocab_size=128256,
-                hidden_size=1024, num_layers=15, num_heads=16, num_kv_heads=4, intermediate_size=4096,
-                max_position_embeddings=32768, rope_theta=500000.0, tie_embeddings=True)
-register_preset('model', 'mobilellm_950m', name='mobilellm_950m', arch='llama', **_RANDOM, vocab_size=128256,
-                hidden_size=1536, num_layers=22, num_heads=24, num_kv_heads=6, intermediate_size=6144,
-                max_position_embeddings=32768, rope_theta=500000.0, tie_embeddings=True)
-register_preset('model', 'mobilellm_tiny', name='mobilellm_tiny', arch='llama', **_RANDOM, vocab_size=49152,
-                hidden_size=64, num_layers=6, num_heads=4, num_kv_heads=2, intermediate_size=192,
-                max_position_embeddings=4096, rope_theta=10000.0, tie_embeddings=True)
 
 # %% ../nbs/02a_models.ipynb #ebaee0f1
 @dataclass
@@ -380,19 +365,6 @@ AutoConfig.register('wf_fft', WFFFTConfig, exist_ok=True)
 AutoModelForCausalLM.register(WFFFTConfig, WFFFTForCausalLM, exist_ok=True)
 
 # %% ../nbs/02a_models.ipynb #73f57fe8
-register_preset('model', 'moe_tiny', name='moe_tiny', arch='moe', **_RANDOM, vocab_size=49152, hidden_size=64,
-                num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96, n_experts=4, top_k=2,
-                max_position_embeddings=2048, rope_theta=10000.0)
-register_preset('model', 'moe_500m', name='moe_500m', arch='moe', **_RANDOM, vocab_size=49152, hidden_size=768,
-                num_layers=12, num_heads=12, num_kv_heads=4, intermediate_size=2048, n_experts=8, top_k=2,
-                max_position_embeddings=8192, rope_theta=10000.0)
-register_preset('model', 'fft_tiny', name='fft_tiny', arch='fft', **_RANDOM, vocab_size=49152, hidden_size=64,
-                num_layers=2, num_heads=1, num_kv_heads=1, intermediate_size=256, fft_modes=16,
-                max_position_embeddings=32768)
-register_preset('model', 'fft_medium', name='fft_medium', arch='fft', **_RANDOM, vocab_size=49152, hidden_size=1024,
-                num_layers=12, num_heads=1, num_kv_heads=1, intermediate_size=4096, fft_modes=128,
-                max_position_embeddings=32768)
-
 def model_config(mc: ModelConfig) -> PretrainedConfig:
     "The transformers config that `build_model` instantiates for a random-architecture `ModelConfig`."
     if mc.arch in ('llama', 'qwen3'): return hf_config(mc)
@@ -430,31 +402,3 @@ def count_params(mc: ModelConfig) -> int:
     "Number of (unique) parameters of the model `mc` describes, built on the meta device (nothing allocated)."
     with torch.device('meta'): model = build_model(dataclasses.replace(mc, gradient_checkpointing=False))
     return sum(p.numel() for p in model.parameters())
-
-# %% ../nbs/02a_models.ipynb #d162e7a2
-register_preset('training', 'pretrain_phase1', lr=4e-3, warmup_steps=2000, schedule='linear', min_lr_ratio=0.1,
-                weight_decay=0.1, grad_clip=1.0, batch_size=16, beta1=0.9, beta2=0.95, total_tokens=2_000_000_000_000)
-register_preset('training', 'pretrain_phase2', lr=4e-3, warmup_steps=0, schedule='linear', min_lr_ratio=0.0,
-                weight_decay=0.1, grad_clip=1.0, batch_size=16, beta1=0.9, beta2=0.95, total_tokens=2_000_000_000_000)
-register_preset('training', 'midtrain', lr=3.6e-4, warmup_steps=0, schedule='linear', min_lr_ratio=0.0,
-                weight_decay=0.1, grad_clip=1.0, batch_size=4, total_tokens=100_000_000_000)
-register_preset('training', 'posttrain_general_sft', lr=5e-6, warmup_steps=100, schedule='linear', min_lr_ratio=0.0,
-                weight_decay=0.0, grad_clip=1.0, batch_size=4, epochs=2)
-register_preset('training', 'posttrain_reasoning_sft', lr=1e-5, warmup_steps=100, schedule='linear', min_lr_ratio=0.0,
-                weight_decay=0.0, grad_clip=1.0, batch_size=1, epochs=3)
-register_preset('distill', 'mobilellm_kd', temperature=1.0, kd_alpha=1.0)
-register_preset('training', 'code_pretrain', lr=3e-4, warmup_steps=2000, schedule='cosine', min_lr_ratio=0.1,
-                beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0, batch_size=4, grad_accum=8)
-register_preset('training', 'code_long_context', lr=1e-4, warmup_steps=200, schedule='cosine', min_lr_ratio=0.1,
-                beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0, batch_size=2, grad_accum=16)
-register_preset('training', 'code_instruct', lr=1e-5, warmup_steps=100, schedule='cosine', min_lr_ratio=0.0,
-                beta1=0.9, beta2=0.95, weight_decay=0.0, grad_clip=1.0, batch_size=8)
-if 'code_fim' not in PRESETS['data']:
-    register_preset('data', 'code_fim', source='stdlib', fim_rate=0.5, seq_len=4096)
-register_preset('data', 'code_progressive', mixture='code_multilang', fim_rate=0.5, seq_len=2048,
-                context_schedule='2048:0.5,4096:0.25,8192:0.25')
-register_preset('training', 'moe_muon', optimizer='muon', lr=1e-3, min_lr_ratio=0.1, warmup_steps=1000,
-                schedule='cosine', weight_decay=0.1, grad_clip=1.0, batch_size=1, grad_accum=8,
-                total_tokens=10_000_000_000, precision='bf16')
-register_preset('training', 'fft_32k', lr=3e-4, warmup_steps=1000, schedule='cosine', min_lr_ratio=0.1,
-                beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0, batch_size=4, grad_accum=8, precision='bf16')

@@ -5,6 +5,8 @@
 # %% ../nbs/07_stages.ipynb #2d95b3d0
 from __future__ import annotations
 import copy, json, math, os, time
+from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 import torch
 from .config import WFConfig, get_config, save_yaml
@@ -14,19 +16,41 @@ from .train import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp
 from .quant import bitlinears
 
 # %% auto #0
-__all__ = ['PARENTS', 'PIPELINE_SPLIT', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage',
-           'run_pipeline', 'smoke']
+__all__ = ['STAGES', 'PIPELINE_SPLIT', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step',
+           'kd_step', 'run_stage', 'run_pipeline', 'smoke']
+
+# %% ../nbs/07_stages.ipynb #7017eb91
+@dataclass(frozen=True)
+class StageSpec:
+    "What one stage is: where it starts, what it builds, how it steps. `STAGES[name]` holds it."
+    name: str
+    doc: str                                   # one line, for listings
+    parents: tuple[str, ...] = ()              # stages it starts from, newest-preferred order; () = a model or checkpoint_path
+    build_student: Callable | None = None      # fn(cfg, parent_path) -> the model to train
+    build_teacher: Callable | None = None      # fn(cfg, run, acc) -> a frozen teacher, or None when the config needs none
+    step: Callable | None = None               # fn(teacher) -> training step fn(model, batch, ctx); lm_step without a teacher
+    eval_step: Callable = lm_step              # validation: the student's plain CE, so validation losses compare across stages
+    runner: Callable | None = None             # fn(cfg, run, acc, out_dir) -> result, for a stage that trains nothing
+
+STAGES: dict[str, StageSpec] = {}
+
+def register_stage(spec: StageSpec) -> StageSpec:
+    "Add `spec` to `STAGES`; a stage needs either a `runner` or a `build_student`, and its parents must exist."
+    if (spec.runner is None) == (spec.build_student is None):
+        raise ValueError(f"stage {spec.name!r}: give either runner= (trains nothing) or build_student= (trains)")
+    missing = [p for p in spec.parents if p not in STAGES]
+    if missing: raise ValueError(f"stage {spec.name!r}: parent stage(s) {missing} are not registered (register parents first)")
+    STAGES[spec.name] = spec
+    return spec
 
 # %% ../nbs/07_stages.ipynb #d7ad1eeb
-PARENTS = {'1.9': ('1',), '2': ('1.9', '1'), '3': ('2', '1.9', '1')}
-
 def lineage_key(cfg: WFConfig) -> dict:
     "Config values that define a lineage: runs that share them can hand checkpoints to each other."
     return {'model.name': cfg.model.name, 'quant.placement': cfg.quant.placement, 'quant.haar': cfg.quant.haar}
 
 def find_parent(cfg: WFConfig, runs_dir=None) -> Run | None:
-    "Newest completed run of the stage this one starts from (see `PARENTS`)."
-    for st in PARENTS.get(cfg.stage, ()):
+    "Newest completed run of a stage this one starts from (`STAGES[cfg.stage].parents`, in that order)."
+    for st in STAGES[cfg.stage].parents:
         runs = find_runs(runs_dir, stage=st, **lineage_key(cfg))
         if runs: return runs[0]
     return None
@@ -46,7 +70,6 @@ def distill_step(teacher):
     "Stages 1.9 and 2: `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise` towards the frozen FP teacher."
     from wf_nb.distill import pretrain_distill_loss, layerwise_weight_at, real_tokens
     def step(model, batch, ctx: StepContext):
-        if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
         d = ctx.cfg.distill
         hidden = layerwise_weight_at(ctx.step, ctx.max_steps, d.layerwise_weight, d.layerwise_schedule) > 0
         with torch.inference_mode(): t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
@@ -61,7 +84,6 @@ def stage3_step(teacher):
     "Stage 3 (BitDistill): CE + logits KD + MiniLMv2 Q/K/V relation distillation at `distill.attn_layer`."
     from wf_nb.distill import stage3_loss, capture_qkv, real_tokens
     def step(model, batch, ctx: StepContext):
-        if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
         layer, gamma = ctx.cfg.distill.attn_layer, ctx.cfg.distill.gamma_attn
         with torch.inference_mode(), capture_qkv(teacher, layer) as tq: t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
         with capture_qkv(_unwrap(model), layer) as sq: s = model(input_ids=batch['input_ids'], **_fwd_kw(batch))
@@ -73,7 +95,6 @@ def kd_step(teacher):
     "KD mid-training (MobileLLM-R1): pure logits KD, with teacher agreement and student accuracy."
     from wf_nb.distill import kd_midtrain_loss, real_tokens
     def step(model, batch, ctx: StepContext):
-        if ctx.extra.get('eval'): return lm_step(model, batch, ctx)
         with torch.inference_mode(): t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
         s = model(input_ids=batch['input_ids'], **_fwd_kw(batch))
         return kd_midtrain_loss(s.logits, t.logits, batch['labels'], real_tokens(batch), cfg=ctx.cfg.distill)
@@ -91,9 +112,9 @@ def _open(cfg, acc, runs_dir, skip_recovery, lineage):
     box = [None]
     if acc.is_main_process:
         try: box = [str(open_run(cfg, runs_dir, skip_recovery, lineage).dir)]
-        except RunExistsError as e: box = ['!' + str(e)]
+        except RunExistsError as e: box = [(str(e), e.status)]   # the status travels too: `wf train` exits 0 on COMPLETED
     if acc.num_processes > 1: broadcast_object_list(box)
-    if box[0].startswith('!'): raise RunExistsError(box[0][1:])
+    if isinstance(box[0], tuple): raise RunExistsError(box[0][0], status=box[0][1])
     return Run(Path(box[0]))
 
 def _data(cfg, tok, acc):
@@ -126,26 +147,121 @@ def _teacher(cfg, source=None):
     return m.eval()
 
 # %% ../nbs/07_stages.ipynb #2dbf4b54
+def _sft_teacher(cfg, runs_dir) -> Path:
+    "Stage 3's teacher: the newest completed FP-SFT run of this model on this task; never silently the base model."
+    runs = find_runs(runs_dir, stage='sft', **{'model.name': cfg.model.name, 'data.task': cfg.data.task,
+                                              'training.checkpoint_path': ''})   # SFT of the FP base, not a ternary SFT
+    if not runs:
+        raise FileNotFoundError(f"Stage 3 needs a task-fine-tuned FP teacher (FP16-SFT), and no completed `sft` run of "
+                                f"{cfg.model.name} on task {cfg.data.task!r} exists. Run `wf train -m {cfg.model.name} -s sft "
+                                f"data.task={cfg.data.task}` first, or pass distill.teacher=DIR.")
+    return run_output(runs[0])
+
+def _parent_student(cfg, parent_path):
+    "The parent stage's output, trained further (Stages 1.9, 2, 3)."
+    from wf_nb.convert import load
+    return load(parent_path)
+
+def _fp_student(cfg, parent_path):
+    "FP SFT: the `training.checkpoint_path` model if given, else the pretrained FP model."
+    from wf_nb.assets import load_fp_model
+    from wf_nb.convert import load
+    return load(parent_path) if parent_path else load_fp_model(cfg.model, seed=cfg.training.seed)
+
+def _scratch_student(cfg, parent_path):
+    "KD mid-training and pretraining: a checkpoint to continue, or a fresh build (made ternary first when `model.ternary`)."
+    from wf_nb.models import build_model
+    from wf_nb.convert import load
+    if parent_path: return load(parent_path)
+    model = build_model(cfg.model, seed=cfg.training.seed)
+    if cfg.model.ternary and not bitlinears(model):   # wf_* models are built ternary already
+        from wf_nb.convert import convert
+        model = convert(model, cfg.quant)
+    return model
+
+def _fp_teacher(cfg, run, acc):
+    "Stages 1.9 and 2: the lineage's FP model (or `distill.teacher`), only when a term of the loss needs a teacher."
+    d = cfg.distill
+    return _teacher(cfg, d.teacher or None) if d.kd_weight > 0 or d.layerwise_weight > 0 or d.saliency else None
+
+def _stage3_teacher(cfg, run, acc):
+    "Stage 3: the task-fine-tuned FP model (`distill.teacher`, else the newest FP-SFT run); recorded in the run."
+    src = cfg.distill.teacher or _sft_teacher(cfg, run.dir.parent)
+    teacher = _teacher(cfg, src)
+    if bitlinears(teacher): raise ValueError(f"Stage 3 teacher {src} is a ternary model; the teacher must be the FP (SFT) model")
+    if acc.is_main_process: run.update(teacher=str(src))
+    return teacher
+
+def _kd_teacher(cfg, run, acc):
+    "KD mid-training: the teacher `distill.teacher` names (required)."
+    if not cfg.distill.teacher:
+        raise ValueError(f"KD mid-training needs a teacher: distill.teacher=PRESET_OR_DIR (e.g. distill.teacher=smollm2_135m)")
+    return _teacher(cfg, cfg.distill.teacher)
+
+# %% ../nbs/07_stages.ipynb #048cfc0c
+def _convert(cfg, run, acc, out_dir) -> dict:
+    "Stage 1: convert and report on the main process (`wf_nb.convert.run_stage1`)."
+    from wf_nb.convert import run_stage1
+    if acc.is_main_process: run_stage1(cfg, out_dir, overwrite=out_dir == run.output)
+    acc.wait_for_everyone()
+    return {'status': 'COMPLETED', 'step': 0}
+
+register_stage(StageSpec('1', 'SubLN insertion and BitNet conversion, with a report', runner=_convert))
+
+# %% ../nbs/07_stages.ipynb #a34691c8
+register_stage(StageSpec('1.9', 'layer-wise distillation from the FP model', parents=('1',),
+                         build_student=_parent_student, build_teacher=_fp_teacher, step=distill_step))
+
+# %% ../nbs/07_stages.ipynb #3f656993
+register_stage(StageSpec('2', 'continue-pretraining with logits KD', parents=('1.9', '1'),
+                         build_student=_parent_student, build_teacher=_fp_teacher, step=distill_step))
+
+# %% ../nbs/07_stages.ipynb #3d264e4c
+register_stage(StageSpec('3', 'BitDistill: task fine-tuning with logits and Q/K/V relation distillation', parents=('2', '1.9', '1'),
+                         build_student=_parent_student, build_teacher=_stage3_teacher, step=stage3_step))
+
+# %% ../nbs/07_stages.ipynb #ffa42741
+register_stage(StageSpec('sft', 'full-precision supervised fine-tuning', build_student=_fp_student))
+
+# %% ../nbs/07_stages.ipynb #d948da78
+register_stage(StageSpec('kd', 'KD mid-training: pure logits KD from a teacher', build_student=_scratch_student,
+                         build_teacher=_kd_teacher, step=kd_step))
+
+# %% ../nbs/07_stages.ipynb #8fe3a2ca
+register_stage(StageSpec('pretrain', 'pretraining from scratch (FP or ternary)', build_student=_scratch_student))
+
+# %% ../nbs/07_stages.ipynb #f06e1621
+def _run_missing_root(spec: StageSpec, cfg: WFConfig, runs_dir, log) -> dict:
+    "No completed parent of `spec`: run its lineage's root stage (the last of `parents`, which has no parent) first."
+    root = spec.parents[-1]
+    if STAGES[root].parents: raise ValueError(f"stage {spec.name}: its root parent {root} needs a parent itself")
+    log(f"no completed stage {'/'.join(spec.parents)} run for {cfg.model.name}: running stage {root} first")
+    pre = copy.deepcopy(cfg); pre.stage = root
+    return run_stage(pre, runs_dir, log=log)
+
+def _find_or_make_parent(spec, cfg, runs_dir, log):
+    "(parent output dir, parent run, None) or (None, None, the failed root run's result)."
+    if cfg.training.checkpoint_path: return Path(cfg.training.checkpoint_path), None, None
+    if not spec.parents: return None, None, None
+    parent = find_parent(cfg, runs_dir)
+    if parent is None:
+        res = _run_missing_root(spec, cfg, runs_dir, log)
+        if res['status'] != 'COMPLETED': return None, None, res
+        parent = find_parent(cfg, runs_dir)
+    return run_output(parent), parent, None
+
+# %% ../nbs/07_stages.ipynb #bdd96596
 def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=print) -> dict:
     "Run `cfg.stage` as a registered run; returns a summary dict with `status`, `run_dir` and `output`."
     runs_dir = Path(runs_dir or default_runs_dir())
     cfg = copy.deepcopy(cfg)
+    if cfg.stage not in STAGES: raise ValueError(f"stage {cfg.stage!r} has no runner; stages: {', '.join(STAGES)}")
+    spec = STAGES[cfg.stage]
     acc = _accelerator(cfg)
     if not acc.is_main_process: log = lambda *a, **k: None   # one voice per run
-    lineage, parent_path, parent = {}, None, None
-    if cfg.stage in PARENTS:
-        if cfg.training.checkpoint_path: parent_path = Path(cfg.training.checkpoint_path)
-        else:
-            parent = find_parent(cfg, runs_dir)
-            if parent is None:
-                first = PARENTS[cfg.stage][-1]
-                log(f"no completed stage {'/'.join(PARENTS[cfg.stage])} run for {cfg.model.name}: running stage {first} first")
-                pre = copy.deepcopy(cfg); pre.stage = first
-                res = run_stage(pre, runs_dir, log=log)
-                if res['status'] != 'COMPLETED': return res
-                parent = find_parent(cfg, runs_dir)
-            parent_path = run_output(parent)
-    elif cfg.training.checkpoint_path: parent_path = Path(cfg.training.checkpoint_path)
+    lineage = {}
+    parent_path, parent, failed = _find_or_make_parent(spec, cfg, runs_dir, log)
+    if failed is not None: return failed
     if parent_path is not None:
         if not (parent_path/'config.json').is_file():
             raise FileNotFoundError(f"the parent checkpoint {parent_path} has no config.json: it is not a model directory wf_nb wrote. "
@@ -165,7 +281,7 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
         run.update(output=portable_path(out_dir, run.dir), gpus=cfg.distributed.gpus or None, gpu_hour_usd=cfg.training.cost_per_hour * acc.num_processes or None)
         run.log(f"stage {cfg.stage} of {cfg.model.name}: run {run.id}" + (f", from {parent_path}" if parent_path else ''))
     try:
-        res = _run(cfg, run, acc, parent_path, out_dir, log)
+        res = spec.runner(cfg, run, acc, out_dir) if spec.runner else _train(spec, cfg, run, acc, parent_path, out_dir)
     except BaseException as e:
         if acc.is_main_process:
             interrupted = isinstance(e, KeyboardInterrupt)
@@ -178,44 +294,21 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
     acc.wait_for_everyone()  # the status is on disk before any rank looks this run up (stage hand-off: find_parent)
     return {**res, 'run_dir': str(run.dir), 'run_id': run.id, 'output': str(out_dir)}
 
-def _run(cfg, run, acc, parent_path, out_dir, log):
-    from wf_nb.assets import load_tokenizer, load_fp_model
-    from wf_nb.convert import save_model, load
-    if cfg.stage == '1':
-        from wf_nb.convert import run_stage1
-        if acc.is_main_process: run_stage1(cfg, out_dir, overwrite=out_dir == run.output)
-        acc.wait_for_everyone()
-        return {'status': 'COMPLETED', 'step': 0}
+# %% ../nbs/07_stages.ipynb #a7021f99
+def _train_and_eval(step, eval_step):
+    "One step function for the `Trainer`: `eval_step` when it validates (`ctx.extra['eval']`), else `step`."
+    if step is eval_step: return step
+    def step_or_eval(model, batch, ctx: StepContext): return (eval_step if ctx.extra.get('eval') else step)(model, batch, ctx)
+    return step_or_eval
+
+def _train(spec: StageSpec, cfg, run, acc, parent_path, out_dir) -> dict:
+    "Train `spec`'s student on `cfg`'s data and save it to `out_dir` (every rank takes part)."
+    from wf_nb.assets import load_tokenizer
+    from wf_nb.convert import save_model
     tok = load_tokenizer(cfg.model)
-    teacher, step_fn = None, lm_step
-    if cfg.stage in ('1.9', '2', '3'):
-        model = load(parent_path)
-        d = cfg.distill
-        if cfg.stage in ('1.9', '2') and (d.kd_weight > 0 or d.layerwise_weight > 0 or d.saliency):   # the FP teacher is needed
-            teacher = _teacher(cfg, d.teacher or None); step_fn = distill_step(teacher)
-        if cfg.stage == '3':
-            src = cfg.distill.teacher or _sft_teacher(cfg, run.dir.parent)
-            teacher = _teacher(cfg, src); step_fn = stage3_step(teacher)
-            if bitlinears(teacher): raise ValueError(f"Stage 3 teacher {src} is a ternary model; the teacher must be the FP (SFT) model")
-            if acc.is_main_process: run.update(teacher=str(src))
-    elif cfg.stage == 'sft':
-        model = load(parent_path) if parent_path else load_fp_model(cfg.model, seed=cfg.training.seed)
-    elif cfg.stage == 'kd':
-        from wf_nb.models import build_model
-        model = load(parent_path) if parent_path else build_model(cfg.model, seed=cfg.training.seed)
-        if cfg.model.ternary and not parent_path and not bitlinears(model):   # wf_* models are built ternary
-            from wf_nb.convert import convert
-            model = convert(model, cfg.quant)
-        if not cfg.distill.teacher:
-            raise ValueError(f"KD mid-training needs a teacher: distill.teacher=PRESET_OR_DIR (e.g. distill.teacher=smollm2_135m)")
-        teacher = _teacher(cfg, cfg.distill.teacher); step_fn = kd_step(teacher)
-    elif cfg.stage == 'pretrain':
-        from wf_nb.models import build_model
-        model = load(parent_path) if parent_path else build_model(cfg.model, seed=cfg.training.seed)
-        if cfg.model.ternary and not parent_path and not bitlinears(model):   # ternary from scratch (wf_* models are built so)
-            from wf_nb.convert import convert
-            model = convert(model, cfg.quant)
-    else: raise ValueError(f"stage {cfg.stage!r} has no runner")
+    model = spec.build_student(cfg, parent_path)
+    teacher = spec.build_teacher(cfg, run, acc) if spec.build_teacher else None
+    step_fn = spec.step(teacher) if teacher is not None and spec.step else lm_step
     if teacher is not None: teacher.to(acc.device)
     if cfg.data.fim_rate > 0:   # FIM sentinels: in the tokenizer and in the model's embeddings before any data is built
         from wf_nb.stream import add_fim_tokens
@@ -230,7 +323,8 @@ def _run(cfg, run, acc, parent_path, out_dir, log):
     if cfg.training.checkpoint_uri:   # checkpoints also go to object storage, and come back from it on a fresh machine
         from wf_nb.remote import RemoteCheckpoints
         remote = RemoteCheckpoints(cfg.training.checkpoint_uri, run.id, keep_last=cfg.training.keep_last, log=rlog)
-    trainer = Trainer(cfg, model, train, run.dir, step_fn=step_fn, val_data=val, accelerator=acc, log=rlog, remote=remote)
+    trainer = Trainer(cfg, model, train, run.dir, step_fn=_train_and_eval(step_fn, spec.eval_step), val_data=val,
+                      accelerator=acc, log=rlog, remote=remote)
     from wf_nb.gpus import gpu_monitor
     with gpu_monitor(cfg, trainer): res = trainer.fit()
     if res['status'] == 'COMPLETED':
@@ -239,16 +333,6 @@ def _run(cfg, run, acc, parent_path, out_dir, log):
         if acc.is_main_process: save_model(final, tok, out_dir, overwrite=out_dir == run.output, wf_config=cfg, summary=res, state_dict=sd)
     acc.wait_for_everyone()
     return res
-
-def _sft_teacher(cfg, runs_dir) -> Path:
-    "Stage 3's teacher: the newest completed FP-SFT run of this model on this task; never silently the base model."
-    runs = find_runs(runs_dir, stage='sft', **{'model.name': cfg.model.name, 'data.task': cfg.data.task,
-                                              'training.checkpoint_path': ''})   # SFT of the FP base, not a ternary SFT
-    if not runs:
-        raise FileNotFoundError(f"Stage 3 needs a task-fine-tuned FP teacher (FP16-SFT), and no completed `sft` run of "
-                                f"{cfg.model.name} on task {cfg.data.task!r} exists. Run `wf train -m {cfg.model.name} -s sft "
-                                f"data.task={cfg.data.task}` first, or pass distill.teacher=DIR.")
-    return run_output(runs[0])
 
 # %% ../nbs/07_stages.ipynb #614b6263
 PIPELINE_SPLIT = 0.0   # Stage 1.9's share of the student tokens: measured, the layer-wise term does not pay at CPU budgets (see the recipe)
