@@ -152,7 +152,7 @@ def launch(backend: str, model=None, stage=None, overrides=(), scale=None, gpus=
     name = job_name(cfg, commit)
     argv = train_argv(model, stage, [*overrides, f'distributed.gpus={kind}:{count}'], scale)   # gpus: prices the run; not in the fingerprint
     out = Path(out or Path('launch')/name)
-    from wf_nb.train import atomic_write_text
+    from wf_nb.io import atomic_write_text
     if backend == 'skypilot':
         import yaml
         f = out/'sky.yaml'

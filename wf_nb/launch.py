@@ -87,7 +87,7 @@ def accelerate_config(cfg: WFConfig, n: int | None = None, gpus: int | None = No
 def write_accelerate_config(cfg: WFConfig, path, **kw) -> Path:
     "Save `accelerate_config(cfg)` as YAML (for `accelerate launch --config_file`)."
     import yaml
-    from wf_nb.train import atomic_write_text
+    from wf_nb.io import atomic_write_text
     path = Path(path); atomic_write_text(path, yaml.safe_dump(accelerate_config(cfg, **kw), sort_keys=False))
     return path
 

@@ -8,7 +8,7 @@ import datetime as dt, fcntl, json, os, re, shutil, signal, socket, sys, time
 from dataclasses import dataclass
 from pathlib import Path
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
-from .train import atomic_write_text
+from .io import atomic_write_text
 
 # %% auto #0
 __all__ = ['STATUSES', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
