@@ -42,7 +42,7 @@ def main(argv=None):
     from accelerate import Accelerator
     from wf_nb.config import get_config
     from wf_nb.assets import load_fp_model
-    from wf_nb.train import Trainer, is_fsdp
+    from wf_nb.train import Trainer, Callback, is_fsdp
     cfg = get_config([f'training.max_steps={a.max_steps}', f'training.batch_size={a.batch_size}', 'training.lr=5e-3',
                       f'training.save_interval={a.save_interval}', 'training.warmup_steps=0', 'training.spike_factor=0',
                       'logging.interval=1', 'logging.progress=false', 'logging.wandb_mode=disabled', 'data.seq_len=32',
@@ -51,12 +51,13 @@ def main(argv=None):
     acc = check_world(Accelerator(cpu=True))
     data = ShardedRows(rows(seq_len=cfg.data.seq_len), cfg.training.batch_size, acc.process_index, acc.num_processes)
     model = load_fp_model(cfg.model, seed=0)
-    def die(tr, loss):
-        if tr.step == a.die_at: os.kill(os.getpid(), signal.SIGKILL)
-        if tr.step == a.sigint_at and tr.acc.is_main_process: os.kill(os.getpid(), signal.SIGINT)
-        return loss
+    class Faults(Callback):   # test-only fault injection, while step die_at+1 / sigint_at+1 computes its loss
+        def after_loss(self, tr, loss):
+            if tr.step == a.die_at: os.kill(os.getpid(), signal.SIGKILL)
+            if tr.step == a.sigint_at and tr.acc.is_main_process: os.kill(os.getpid(), signal.SIGINT)
+            return loss
     log = print if acc.is_main_process else (lambda *a, **k: None)
-    tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, hooks={'loss': die})
+    tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, callbacks=[Faults()])
     res = tr.fit()
     if acc.is_main_process:
         print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes, 'sharded': is_fsdp(tr.acc.unwrap_model(tr.model))}), flush=True)

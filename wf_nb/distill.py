@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from .config import DistillConfig
-from .losses import IGNORE_INDEX, lm_loss, chunked_lm_loss   # chunked: until 06_train imports it from losses
+from .losses import IGNORE_INDEX, lm_loss
 
 # %% auto #0
 __all__ = ['real_tokens', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at', 'pretrain_distill_loss', 'decoder_layers',

@@ -295,12 +295,6 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
     return {**res, 'run_dir': str(run.dir), 'run_id': run.id, 'output': str(out_dir)}
 
 # %% ../nbs/07_stages.ipynb #a7021f99
-def _train_and_eval(step, eval_step):
-    "One step function for the `Trainer`: `eval_step` when it validates (`ctx.extra['eval']`), else `step`."
-    if step is eval_step: return step
-    def step_or_eval(model, batch, ctx: StepContext): return (eval_step if ctx.extra.get('eval') else step)(model, batch, ctx)
-    return step_or_eval
-
 def _train(spec: StageSpec, cfg, run, acc, parent_path, out_dir) -> dict:
     "Train `spec`'s student on `cfg`'s data and save it to `out_dir` (every rank takes part)."
     from wf_nb.assets import load_tokenizer
@@ -323,7 +317,7 @@ def _train(spec: StageSpec, cfg, run, acc, parent_path, out_dir) -> dict:
     if cfg.training.checkpoint_uri:   # checkpoints also go to object storage, and come back from it on a fresh machine
         from wf_nb.remote import RemoteCheckpoints
         remote = RemoteCheckpoints(cfg.training.checkpoint_uri, run.id, keep_last=cfg.training.keep_last, log=rlog)
-    trainer = Trainer(cfg, model, train, run.dir, step_fn=_train_and_eval(step_fn, spec.eval_step), val_data=val,
+    trainer = Trainer(cfg, model, train, run.dir, step_fn=step_fn, eval_step_fn=spec.eval_step, val_data=val,
                       accelerator=acc, log=rlog, remote=remote)
     from wf_nb.gpus import gpu_monitor
     with gpu_monitor(cfg, trainer): res = trainer.fit()

@@ -4,22 +4,25 @@
 
 # %% ../nbs/06_train.ipynb #e0363604
 from __future__ import annotations
-import hashlib, itertools, json, math, os, random, re, resource, shutil, signal, sys, tempfile, time
+import itertools, json, math, os, random, re, resource, shutil, signal, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 import numpy as np
 import torch
 from torch import nn
+from fastcore.basics import patch
 from .config import WFConfig, get_config
+from .io import atomic_dir, atomic_write_text, sha256_file
 
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'PEAK_BF16_FLOPS', 'param_groups', 'build_optimizer', 'lr_factor', 'schedule_for', 'matmul_params',
-           'train_flops_per_token', 'peak_flops', 'atomic_write_text', 'rng_state', 'set_rng_state', 'is_fsdp',
-           'shard_model', 'tied_aliases', 'full_state_dicts', 'CheckpointError', 'save_checkpoint', 'verify_checkpoint',
-           'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'StepContext', 'row_lm_loss',
-           'hidden_states_as_logits', 'lm_step', 'count_tokens', 'TrainingDiverged', 'make_accelerator',
-           'peak_memory_mb', 'Trainer', 'ListStream', 'api_module']
+           'train_flops_per_token', 'peak_flops', 'rng_state', 'set_rng_state', 'is_fsdp', 'shard_model',
+           'tied_aliases', 'full_state_dicts', 'CheckpointError', 'save_checkpoint', 'verify_checkpoint',
+           'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'StepContext', 'hidden_states_as_logits',
+           'lm_step', 'count_tokens', 'CheckpointManager', 'Callback', 'StopSignals', 'LossEMA', 'Budget',
+           'ProgressBar', 'MetricsLog', 'TrainingDiverged', 'SpikeRollback', 'ProgressiveContext', 'Validation',
+           'make_accelerator', 'peak_memory_mb', 'Trainer', 'ListStream']
 
 # %% ../nbs/06_train.ipynb #2cd05c41
 def param_groups(model: nn.Module, weight_decay: float):
@@ -94,22 +97,6 @@ def peak_flops(device) -> float | None:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 # %% ../nbs/06_train.ipynb #ccc9c62c
-def _sha256(path, bufsize=1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while chunk := f.read(bufsize): h.update(chunk)
-    return h.hexdigest()
-
-def atomic_write_text(path, text: str):
-    "Write `text` to `path` via a temp file in the same directory and `os.replace`."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', dir=path.parent)
-    try:
-        with os.fdopen(fd, 'w') as f: f.write(text); f.flush(); os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
-
 def rng_state() -> dict:
     "Python, NumPy, torch (and CUDA) RNG states in weights_only-loadable form."
     st = {'python': json.dumps(random.getstate()), 'numpy': json.dumps(np.random.get_state()[1].tolist()),
@@ -172,19 +159,13 @@ def save_checkpoint(ckpt_dir, model: nn.Module, optimizer=None, state: dict | No
     "Write an atomic, checksummed checkpoint directory (model, optimizer, trainer state)."
     from safetensors.torch import save_file
     msd, osd = state_dicts if state_dicts is not None else full_state_dicts(model, optimizer)
-    ckpt_dir = Path(ckpt_dir); ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{ckpt_dir.name}.tmp', dir=ckpt_dir.parent))
-    try:
+    def write(tmp):
         save_file({k: v.contiguous() for k, v in msd.items()}, str(tmp/'model.safetensors'))
         if osd is not None: torch.save(osd, tmp/'optimizer.pt')
         torch.save(state or {}, tmp/'state.pt')
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         (tmp/'manifest.json').write_text(json.dumps({'files': files, 'step': (state or {}).get('step')}, indent=1))
-        if ckpt_dir.exists(): shutil.rmtree(ckpt_dir)  # an older save of the same step (after a rollback)
-        os.replace(tmp, ckpt_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
-    return ckpt_dir
+    return atomic_dir(Path(ckpt_dir), write, exists='replace')   # 'replace': an older save of the same step (after a rollback)
 
 def verify_checkpoint(ckpt_dir) -> dict:
     "The manifest, after checking that every listed file exists and matches its SHA256."
@@ -194,9 +175,10 @@ def verify_checkpoint(ckpt_dir) -> dict:
     except (ValueError, KeyError, TypeError): raise CheckpointError(f"{mf} is damaged (not a checkpoint manifest)") from None
     for name, digest in files.items():
         p = ckpt_dir/name
-        if not p.exists() or _sha256(p) != digest: raise CheckpointError(f"{ckpt_dir}: {name} is missing or fails its checksum")
+        if not p.exists() or sha256_file(p) != digest: raise CheckpointError(f"{ckpt_dir}: {name} is missing or fails its checksum")
     return man
 
+# %% ../nbs/06_train.ipynb #810e8c73
 def load_checkpoint(ckpt_dir, model: nn.Module, optimizer=None) -> dict:
     "Verify and load a checkpoint into `model` (strictly) and `optimizer`; return the trainer state. Any world size."
     import torch.distributed as dist
@@ -248,16 +230,6 @@ class StepContext:
     cfg: WFConfig
     extra: dict = field(default_factory=dict)
 
-def row_lm_loss(logits, labels) -> dict:
-    "`lm_loss` plus each row's summed CE and token count (`row_ce`, `row_n`, detached), from one per-token CE."
-    import torch.nn.functional as F
-    lg, tgt = logits[:, :-1], labels[:, 1:]
-    valid = tgt != -100
-    ce = F.cross_entropy(lg.float().flatten(0, 1), tgt.flatten(), ignore_index=-100, reduction='none').view(tgt.shape)
-    n = valid.sum()
-    with torch.no_grad(): n_correct = ((lg.argmax(-1) == tgt) & valid).sum()
-    return dict(loss=ce.sum() / n.clamp(min=1), n_tokens=n, n_correct=n_correct, row_ce=ce.detach().sum(1), row_n=valid.sum(1))
-
 class hidden_states_as_logits:
     "Within the block `model`'s output projection is the identity, so `model(...).logits` are the final hidden states."
     def __init__(self, model):
@@ -269,15 +241,15 @@ class hidden_states_as_logits:
 
 def lm_step(model, batch, ctx: StepContext) -> dict:
     "Next-token cross-entropy with token accuracy (per-row sums with `source_ids`; chunked with `training.loss_chunk`)."
-    from wf_nb.distill import lm_loss, chunked_lm_loss
-    kw = {**{k: batch[k] for k in ('attention_mask', 'position_ids') if k in batch}, 'use_cache': False}   # no cache: see wf_nb.data packing
+    from wf_nb.losses import lm_loss, chunked_lm_loss
+    kw = {**{k: batch[k] for k in ('attention_mask', 'position_ids') if k in batch}, 'use_cache': False}   # no cache: see wf_nb.stream packing
     chunk = ctx.cfg.training.loss_chunk if ctx.cfg is not None else 0
-    if chunk:   # long context x big vocabulary: never hold all the logits (wf_nb.distill.chunked_lm_loss)
+    if chunk:   # long context x big vocabulary: never hold all the logits (wf_nb.losses.chunked_lm_loss)
         with hidden_states_as_logits(model) as head: out = model(input_ids=batch['input_ids'], **kw)
         res = chunked_lm_loss(out.logits, head.weight, batch['labels'], chunk, head.bias)
     else:
         out = model(input_ids=batch['input_ids'], **kw)
-        res = (row_lm_loss if 'source_ids' in batch else lm_loss)(out.logits, batch['labels'])
+        res = lm_loss(out.logits, batch['labels'], per_row='source_ids' in batch)   # per-row sums: a loss per mixture source
     res.update({k: float(v) for k, v in (getattr(out, 'metrics', None) or {}).items()})  # e.g. MoE expert utilisation
     aux = getattr(out, 'aux_loss', None)
     if aux is not None:  # e.g. MoE load balancing: trained, and logged apart from the LM loss
@@ -288,10 +260,63 @@ def count_tokens(batch) -> int:
     "Tokens that contribute to a shifted LM loss."
     return int((batch['labels'][:, 1:] != -100).sum())
 
-# %% ../nbs/06_train.ipynb #7594dae9
-class TrainingDiverged(RuntimeError):
-    "Loss stayed non-finite or spiking after `training.max_rollbacks` rollbacks."
+# %% ../nbs/06_train.ipynb #0085201e
+class CheckpointManager:
+    "A run's checkpoints under `run_dir/checkpoints`: save, prune to keep-N + best, the newest good one, a remote copy."
+    def __init__(self, run_dir, keep_last: int, remote=None, log: Callable = print):
+        self.run_dir, self.keep_last, self.remote, self.log = Path(run_dir), keep_last, remote, log
+        self.root, self.best_file = self.run_dir/'checkpoints', self.run_dir/'best.json'
 
+    def path(self, step: int) -> Path: return self.root/f'step_{step:08d}'
+
+    def save(self, step: int, model: nn.Module, state: dict, state_dicts: tuple) -> Path:
+        "Write checkpoint `step` (call on the main process only), prune, and copy it to the remote."
+        path = save_checkpoint(self.path(step), model, state=state, state_dicts=state_dicts)
+        self.prune()
+        if self.remote is not None: self.remote.upload(path, keep=[b.name for b in [self.best()] if b])
+        return path
+
+    def prune(self):
+        "Delete every checkpoint but the newest `keep_last` and the best."
+        cks, best = list_checkpoints(self.run_dir), self.best()
+        keep = set(cks[-self.keep_last:]) | ({best} if best else set())
+        for ck in cks:
+            if ck not in keep: shutil.rmtree(ck, ignore_errors=True)
+
+    def best(self) -> Path | None:
+        "The checkpoint named in `best.json`, while it exists."
+        if not self.best_file.exists(): return None
+        b = self.root/json.loads(self.best_file.read_text())['checkpoint']
+        return b if b.exists() else None
+
+    def mark_best(self, step: int, val_loss: float):
+        atomic_write_text(self.best_file, json.dumps({'checkpoint': self.path(step).name, 'val_loss': val_loss}))
+
+    def latest(self) -> Path | None:
+        "The newest checkpoint that verifies: where a resume or a rollback goes back to."
+        return latest_checkpoint(self.run_dir, log=self.log)
+
+    def clean_partial(self):
+        "Remove the temp dirs of saves killed by SIGKILL."
+        if self.root.exists():
+            for tmp in self.root.glob('.step_*'): shutil.rmtree(tmp, ignore_errors=True)
+
+    def close(self):
+        "Wait for the remote copy of the last checkpoint (before the process leaves)."
+        if self.remote is not None: self.remote.close()
+
+# %% ../nbs/06_train.ipynb #8978477b
+class Callback:
+    "One job of the training loop: override the events it takes part in; callbacks run by `order`, low first."
+    order = 50
+    def before_fit(self, tr): pass
+    def before_step(self, tr): pass
+    def after_loss(self, tr, loss): return loss
+    def after_step(self, tr): pass
+    def after_rollback(self, tr): pass
+    def after_fit(self, tr): pass
+
+# %% ../nbs/06_train.ipynb #4c0b7043
 class _Stop:
     "Signal flag: first signal requests a clean stop after the step, second raises."
     def __init__(self): self.requested, self.reason, self._old = False, '', {}
@@ -308,6 +333,165 @@ class _Stop:
     def __exit__(self, *a):
         for s, h in self._old.items(): signal.signal(s, h)
 
+class StopSignals(Callback):
+    "A signal or the budget, agreed by every rank, sets `tr.stop_reason`: the trainer saves and stops."
+    order = 90
+    def before_fit(self, tr): self.stop = _Stop().__enter__()
+    def after_step(self, tr):
+        stop, over = self.stop, tr.over_budget
+        if tr.acc.num_processes > 1:
+            flags = tr.acc.reduce(torch.tensor([float(stop.requested), float(over)], device=tr.acc.device), 'max')
+            if flags[0] > 0 and not stop.requested: stop.requested, stop.reason = True, 'a stop request on another rank'
+            over = bool(flags[1] > 0)
+        if stop.requested: tr.stop_reason = f"stopped by {stop.reason} at step {tr.step}"
+        elif over: tr.stop_reason = f"budget {tr.t.budget} reached (cost {tr.cost:.4f}) at step {tr.step}"
+    def after_fit(self, tr): self.stop.__exit__()
+
+# %% ../nbs/06_train.ipynb #440eae20
+class LossEMA(Callback):
+    "The loss's exponential moving average (`tr.loss_ema`), the reference of the spike check."
+    order = 10
+    def after_step(self, tr):
+        loss = tr.last['loss']
+        tr.loss_ema = loss if tr.loss_ema is None else 0.9 * tr.loss_ema + 0.1 * loss
+
+class Budget(Callback):
+    "The run's cost so far (`tr.cost`) and whether it reached `training.budget` (`tr.over_budget`)."
+    order = 20
+    def after_step(self, tr):
+        tr.cost = tr.t.cost_per_hour * tr.acc.num_processes * tr.elapsed / 3600
+        tr.over_budget = bool(tr.t.budget and tr.cost >= tr.t.budget)
+
+# %% ../nbs/06_train.ipynb #5d9c14c4
+class ProgressBar(Callback):
+    "A tqdm bar of the run's steps on the main process (`logging.progress`)."
+    order = 30
+    def before_fit(self, tr):
+        from tqdm.auto import tqdm
+        self.bar = tqdm(total=tr.max_steps, initial=tr.step, disable=not (tr.cfg.logging.progress and tr.acc.is_main_process),
+                        desc=tr.run_dir.name, dynamic_ncols=True, mininterval=1.0)
+    def after_step(self, tr):
+        m = tr.last
+        self.bar.update(1); self.bar.set_postfix(**{'ce' if 'ce' in m else 'loss': f"{m.get('ce', m['loss']):.3f}"}, refresh=False)
+    def after_rollback(self, tr): self.bar.n = tr.step; self.bar.refresh()
+    def after_fit(self, tr): self.bar.close()
+
+# %% ../nbs/06_train.ipynb #7f9e596f
+class MetricsLog(Callback):
+    "Metric records to `metrics.jsonl`, W&B and `Trainer.reporters`: one per `logging.interval` steps, and events."
+    order = 40
+    def __init__(self): self.wandb, self.window = None, None
+    def before_fit(self, tr): self.wandb, self.window = _init_wandb(tr), {'t': time.perf_counter(), 'tokens': 0}
+    def after_step(self, tr):
+        m, w = tr.last, self.window
+        w['tokens'] += m['n_global']; w['input'] = w.get('input', 0) + m['n_input']
+        if tr.step % tr.cfg.logging.interval == 0 or tr.step == tr.max_steps:
+            self.emit(tr, _step_record(tr, m, w)); self.window = {'t': time.perf_counter(), 'tokens': 0}
+    def after_fit(self, tr):
+        if self.wandb is not None: self.wandb.finish()
+
+    def emit(self, tr, rec: dict):
+        if not tr.acc.is_main_process: return
+        tr.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tr.metrics_path, 'a') as f: f.write(json.dumps(rec) + '\n'); f.flush()
+        if self.wandb is not None: self.wandb.log({k: v for k, v in rec.items() if isinstance(v, (int, float)) and v is not None}, step=rec['step'])
+        for rep in list(tr.reporters):   # a plot must never stop the run: a failing reporter is dropped
+            try: rep(tr, rec)
+            except Exception as e: tr.reporters.remove(rep); tr.log(f"reporter {type(rep).__name__} dropped: {type(e).__name__}: {e}")
+
+    def truncate(self, tr, step: int):
+        "Drop metric lines past `step` (written by a run killed after its last checkpoint)."
+        if not tr.acc.is_main_process or not tr.metrics_path.exists(): return
+        keep = [l for l in tr.metrics_path.read_text().splitlines() if l.strip() and json.loads(l).get('step', 0) <= step]
+        atomic_write_text(tr.metrics_path, ''.join(l + '\n' for l in keep))
+
+def _init_wandb(tr):
+    "A W&B run for `tr` on the main process (resumed by run name), or None when disabled or failing."
+    mode = tr.cfg.logging.wandb_mode or os.environ.get('WANDB_MODE') or 'offline'
+    if not tr.acc.is_main_process or mode == 'disabled': return None
+    try:
+        import wandb
+        os.environ.setdefault('WANDB_SILENT', 'true')
+        return wandb.init(project=tr.cfg.logging.wandb_project, name=tr.cfg.logging.run_name or tr.run_dir.name,
+                          id=re.sub(r'[^A-Za-z0-9_-]', '-', tr.run_dir.name)[:120], resume='allow', mode=mode,
+                          dir=str(tr.run_dir), config=tr.cfg.to_dict(), reinit='finish_previous')
+    except Exception as e:  # logging must never kill training
+        tr.log(f"W&B disabled: {type(e).__name__}: {e}"); return None
+
+# %% ../nbs/06_train.ipynb #c079c589
+def _step_record(tr, m: dict, window: dict) -> dict:
+    "The metric record of step `tr.step` from its metrics `m` and the logging window's token counts."
+    dt = max(1e-9, time.perf_counter() - window['t'])
+    flops = window.get('input', window['tokens']) / dt * tr.flops_per_token
+    peak = peak_flops(tr.acc.device)
+    rec = {'step': tr.step, 'loss': m['loss'], 'ppl': math.exp(min(m.get('ce', m['loss']), 50)), 'lr': m['lr'], 'grad_norm': m['grad_norm'],
+           'lambda': m['lambda'], 'tokens': tr.tokens_seen, 'tokens_per_s': window['tokens'] / dt,
+           'input_tokens_per_s': window.get('input', 0) / dt, 'flops_per_s': flops,
+           'mfu': flops / (peak * tr.acc.num_processes) if peak else None, 'peak_mem_mb': peak_memory_mb(tr.acc.device),
+           'time': time.time()}
+    if m.get('n_tokens'): rec['accuracy'] = m.get('n_correct', 0) / m['n_tokens']
+    if hasattr(tr.data, 'seq_len'): rec['seq_len'] = tr.data.seq_len
+    if len(tr.source_names):   # loss per mixture source over the logging window (all ranks)
+        t = tr.acc.reduce(tr._src.clone(), 'sum') if tr.acc.num_processes > 1 else tr._src
+        for name, (ce, n) in zip(tr.source_names, t.tolist()): rec[f'loss/{name}'] = ce / n if n else None
+        tr._src.zero_()
+    if tr.t.cost_per_hour: rec['cost'] = tr.cost
+    rec.update({k: v for k, v in m.items() if k not in rec and k not in ('n_global', 'n_input', 'n_tokens', 'n_correct')})
+    return rec
+
+# %% ../nbs/06_train.ipynb #0659b4ef
+class TrainingDiverged(RuntimeError):
+    "Loss stayed non-finite or spiking after `training.max_rollbacks` rollbacks."
+
+class SpikeRollback:
+    "Called with each step's metrics before the optimizer steps: rolls a bad step back and returns True."
+    def is_bad(self, tr, loss: float, grad_norm: float) -> bool:
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)): return True
+        return bool(tr.t.spike_factor and tr.loss_ema is not None and tr.step >= 10 and loss > tr.t.spike_factor * tr.loss_ema)
+
+    def __call__(self, tr, m: dict) -> bool:
+        if not self.is_bad(tr, m['loss'], m['grad_norm']): return False
+        self.rollback(tr, m['loss'], m['grad_norm']); return True
+
+    def rollback(self, tr, loss: float, grad_norm: float = 0.0):
+        tr.rollbacks += 1
+        what = f"loss {loss:.4g}" if math.isfinite(grad_norm) else f"non-finite gradient norm ({grad_norm}, loss {loss:.4g})"
+        if tr.rollbacks > tr.t.max_rollbacks:
+            raise TrainingDiverged(f"{what} at step {tr.step} after {tr.t.max_rollbacks} rollbacks; "
+                                   f"lower training.lr or raise training.spike_factor")
+        ckpt = tr.checkpoints.latest()
+        tr.optimizer.zero_grad(set_to_none=True)
+        bad_step, rollbacks, scale = tr.step, tr.rollbacks, tr.lr_scale * tr.t.spike_lr_factor
+        if ckpt is not None:
+            tr.load_state(load_checkpoint(ckpt, tr.acc.unwrap_model(tr.model), tr._opt()), data=False)  # skip the bad data
+        tr.rollbacks, tr.lr_scale = rollbacks, scale
+        tr.log(f"{what} at step {bad_step}: rolled back to step {tr.step}, lr x{tr.lr_scale:g} (rollback {tr.rollbacks}/{tr.t.max_rollbacks})")
+        fin = lambda x: x if math.isfinite(x) else str(x)
+        tr._emit({'step': tr.step, 'event': 'rollback', 'bad_step': bad_step, 'bad_loss': fin(loss), 'bad_grad_norm': fin(grad_norm),
+                  'lr_scale': tr.lr_scale, 'rollbacks': tr.rollbacks})
+
+# %% ../nbs/06_train.ipynb #170dbe68
+class ProgressiveContext(Callback):
+    "Moves a stream with `at_step` (a growing context) to this step; `tr.flops_per_token` follows its `seq_len`."
+    order = 0
+    def before_step(self, tr):
+        model = tr.acc.unwrap_model(tr.model)
+        if hasattr(tr.data, 'at_step'): tr.data.at_step(tr.step, model)
+        L = getattr(tr.data, 'seq_len', tr.cfg.data.seq_len)
+        if L != tr._flops_len: tr.flops_per_token, tr._flops_len = train_flops_per_token(model, L), L
+
+class Validation(Callback):
+    "The validation loss every `training.eval_interval` steps and at the end; the best marks its checkpoint."
+    order = 50
+    def after_step(self, tr):
+        if not ((tr.t.eval_interval and tr.step % tr.t.eval_interval == 0) or tr.step == tr.max_steps): return
+        v = tr.evaluate()
+        if v is None: return
+        tr._emit({'step': tr.step, 'val_loss': v, 'val_ppl': math.exp(min(v, 50))})
+        if v < tr.best_val and tr.acc.is_main_process:
+            tr.best_val = v; tr.checkpoints.mark_best(tr.step, v)
+
+# %% ../nbs/06_train.ipynb #fdc29285
 def make_accelerator(precision: str = 'fp32'):
     "An `Accelerator` for `training.precision`, also when an earlier run in this process used another precision."
     from accelerate import Accelerator
@@ -322,23 +506,31 @@ def peak_memory_mb(device) -> float:
     if torch.device(device).type == 'cuda': return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-# %% ../nbs/06_train.ipynb #bc019fc2
-def _host_floats(loss_sum, sums: dict, device):
-    "The step's loss and metric sums (tensors or numbers) as Python floats, in one device -> host copy."
-    keys = list(sums)
-    vals = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in [loss_sum] + [sums[k] for k in keys]])
-    out = vals.tolist()
-    return out[0], dict(zip(keys, out[1:]))
+def _check_sharding(cfg, sharded: bool):
+    "Refuse what cannot run under FSDP2."
+    if sharded and cfg.training.loss_chunk:
+        raise ValueError("training.loss_chunk cannot run with distributed.strategy=fsdp (the output projection is sharded "
+                         "outside the forward); use distributed.strategy=ddp or training.loss_chunk=0")
+    if sharded and cfg.training.optimizer == 'muon':
+        raise ValueError("training.optimizer=muon cannot run with distributed.strategy=fsdp: Muon orthogonalizes whole "
+                         "weight matrices and FSDP2 shards them across ranks; use distributed.strategy=ddp")
 
+def _warn_unfinished_quant(cfg, model, quant_steps0: int, max_steps: int, log):
+    from wf_nb.quant import bitlinears
+    q = cfg.quant
+    if q.enabled and q.warmup_steps and quant_steps0 + max_steps < q.warmup_steps and bitlinears(model):
+        log(f"warning: quant.warmup_steps={q.warmup_steps} does not finish in this run (lineage step {quant_steps0} + "
+            f"{max_steps} steps): the model is saved at lambda {(quant_steps0 + max_steps - 1) / q.warmup_steps:.2f}, not ternary")
+
+# %% ../nbs/06_train.ipynb #26dce851
 class Trainer:
     "Train `model` on batches from `data` with `step_fn`, writing metrics and checkpoints under `run_dir`."
     reporters: list = []   # fn(trainer, record) called with each metric record (a notebook's live plot: wf_nb.jupyter.live_plot)
     def __init__(self, cfg: WFConfig, model: nn.Module, data, run_dir, step_fn: Callable = lm_step,
-                 val_data=None, accelerator=None, log: Callable = print, hooks: dict | None = None, remote=None):
-        from accelerate import Accelerator
+                 val_data=None, accelerator=None, log: Callable = print, callbacks=(), remote=None, eval_step_fn: Callable | None = None):
         self.cfg, self.t, self.step_fn, self.log = cfg, cfg.training, step_fn, log
+        self.eval_step_fn = eval_step_fn or step_fn   # validation's step (a distillation stage validates the student's plain LM loss)
         self.data, self.val_data, self.run_dir = data, val_data, Path(run_dir)
-        self.hooks = hooks or {}  # name -> fn(trainer, **kw), e.g. 'loss' for fault injection in tests
         self.remote = remote      # a copy of the checkpoints in object storage (wf_nb.remote.RemoteCheckpoints), or None
         self.acc = accelerator or make_accelerator(self.t.precision)
         torch.manual_seed(self.t.seed)
@@ -346,12 +538,7 @@ class Trainer:
             model.gradient_checkpointing_enable()
         self.max_steps = self.t.max_steps
         self.sharded = cfg.distributed.strategy == 'fsdp' and self.acc.num_processes > 1
-        if self.sharded and self.t.loss_chunk:
-            raise ValueError("training.loss_chunk cannot run with distributed.strategy=fsdp (the output projection is sharded "
-                             "outside the forward); use distributed.strategy=ddp or training.loss_chunk=0")
-        if self.sharded and self.t.optimizer == 'muon':
-            raise ValueError("training.optimizer=muon cannot run with distributed.strategy=fsdp: Muon orthogonalizes whole "
-                             "weight matrices and FSDP2 shards them across ranks; use distributed.strategy=ddp")
+        _check_sharding(cfg, self.sharded)
         from accelerate.utils import DistributedType
         if self.sharded and self.acc.distributed_type != DistributedType.FSDP:
             # accelerate shards with FSDP2 on GPUs only; on CPU processes shard here, with the same per-block wrapping
@@ -361,306 +548,215 @@ class Trainer:
             self.optimizer = build_optimizer(model, self.t)
             self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
         self.base_lrs = [g['lr'] for g in self.optimizer.param_groups]
-        from wf_nb.quant import quant_state, bitlinears
+        from wf_nb.quant import quant_state
         self.quant_steps0 = quant_state(self.acc.unwrap_model(self.model))['steps']   # quantized steps of the lineage so far
         self.last_lambda = None
-        q = cfg.quant
-        if q.enabled and q.warmup_steps and self.quant_steps0 + self.max_steps < q.warmup_steps and bitlinears(self.acc.unwrap_model(self.model)):
-            log(f"warning: quant.warmup_steps={q.warmup_steps} does not finish in this run (lineage step {self.quant_steps0} + "
-                f"{self.max_steps} steps): the model is saved at lambda {(self.quant_steps0 + self.max_steps - 1) / q.warmup_steps:.2f}, not ternary")
+        _warn_unfinished_quant(cfg, self.acc.unwrap_model(self.model), self.quant_steps0, self.max_steps, log)
         self.lr_at = schedule_for(self.t, self.max_steps)
         self.step, self.tokens_seen, self.lr_scale, self.rollbacks = 0, 0, 1.0, 0
-        self.loss_ema, self.best_val, self.cost = None, float('inf'), 0.0
-        self.elapsed = 0.0
+        self.loss_ema, self.best_val, self.cost, self.elapsed, self.over_budget = None, float('inf'), 0.0, 0.0, False
         self._flops_len = cfg.data.seq_len
         self.flops_per_token = train_flops_per_token(self.acc.unwrap_model(self.model), cfg.data.seq_len)
-        self.ckpt_root = self.run_dir/'checkpoints'
-        self.metrics_path = self.run_dir/'metrics.jsonl'
+        self.ckpt_root, self.metrics_path = self.run_dir/'checkpoints', self.run_dir/'metrics.jsonl'
         self.source_names = list(getattr(data, 'source_names', None) or [])
         self._src = torch.zeros(len(self.source_names), 2, dtype=torch.float64, device=self.acc.device)  # CE sum, tokens
-        self._wandb = None
+        self.checkpoints = CheckpointManager(self.run_dir, self.t.keep_last, remote, log)
+        self.metrics_log, self.spikes = MetricsLog(), SpikeRollback()
+        self.callbacks = sorted([ProgressiveContext(), LossEMA(), Budget(), ProgressBar(), self.metrics_log, Validation(),
+                                 StopSignals(), *callbacks], key=lambda cb: cb.order)
 
-    # ----- state -----
-    def state(self) -> dict:
-        ds = self.data.state_dict() if hasattr(self.data, 'state_dict') else {}
-        return {'step': self.step, 'tokens_seen': self.tokens_seen, 'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks,
-                'loss_ema': self.loss_ema, 'best_val': self.best_val, 'cost': self.cost, 'elapsed': self.elapsed,
-                'data': json.dumps(ds), 'rng': rng_state(), 'rank': self.acc.process_index}
-
-    def _rank_rngs(self) -> list:
-        "Every rank's RNG state, in rank order (collective)."
-        if self.acc.num_processes == 1: return [rng_state()]
-        out = [None] * self.acc.num_processes
-        torch.distributed.all_gather_object(out, rng_state())
-        return out
-
-    def load_state(self, st: dict, data=True):
-        self.step, self.tokens_seen, self.lr_scale = st['step'], st['tokens_seen'], st['lr_scale']
-        self.rollbacks, self.loss_ema, self.best_val = st['rollbacks'], st['loss_ema'], st['best_val']
-        self.cost, self.elapsed = st.get('cost', 0.0), st.get('elapsed', 0.0)
-        if data and hasattr(self.data, 'load_state_dict'): self.data.load_state_dict(json.loads(st['data']))
-        rngs, r = st.get('rng_ranks') or [st['rng']], self.acc.process_index
-        set_rng_state(rngs[r] if r < len(rngs) else rngs[0])   # same world size: each rank's own stream
-
+    def _event(self, name: str):
+        for cb in self.callbacks: getattr(cb, name)(self)
+    def _emit(self, rec: dict): self.metrics_log.emit(self, rec)
+    @property
+    def _wandb(self): return self.metrics_log.wandb   # the run's W&B handle (wf_nb.gpus logs to it)
     def _opt(self): return self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer
 
-    def save(self, tag=None) -> Path | None:
-        "Checkpoint (every rank gathers, the main process writes) and prune to keep_last + best."
+# %% ../nbs/06_train.ipynb #0d196008
+@patch
+def state(self: Trainer) -> dict:
+    ds = self.data.state_dict() if hasattr(self.data, 'state_dict') else {}
+    return {'step': self.step, 'tokens_seen': self.tokens_seen, 'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks,
+            'loss_ema': self.loss_ema, 'best_val': self.best_val, 'cost': self.cost, 'elapsed': self.elapsed,
+            'data': json.dumps(ds), 'rng': rng_state(), 'rank': self.acc.process_index}
+
+@patch
+def _rank_rngs(self: Trainer) -> list:
+    "Every rank's RNG state, in rank order (collective)."
+    if self.acc.num_processes == 1: return [rng_state()]
+    out = [None] * self.acc.num_processes
+    torch.distributed.all_gather_object(out, rng_state())
+    return out
+
+@patch
+def load_state(self: Trainer, st: dict, data=True):
+    self.step, self.tokens_seen, self.lr_scale = st['step'], st['tokens_seen'], st['lr_scale']
+    self.rollbacks, self.loss_ema, self.best_val = st['rollbacks'], st['loss_ema'], st['best_val']
+    self.cost, self.elapsed = st.get('cost', 0.0), st.get('elapsed', 0.0)
+    if data and hasattr(self.data, 'load_state_dict'): self.data.load_state_dict(json.loads(st['data']))
+    rngs, r = st.get('rng_ranks') or [st['rng']], self.acc.process_index
+    set_rng_state(rngs[r] if r < len(rngs) else rngs[0])   # same world size: each rank's own stream
+
+@patch
+def save(self: Trainer, tag=None) -> Path | None:
+    "Checkpoint (every rank gathers, the main process writes) and prune to keep_last + best."
+    self.acc.wait_for_everyone()
+    model = self.acc.unwrap_model(self.model)
+    sds, rngs = full_state_dicts(model, self._opt()), self._rank_rngs()   # collective: all ranks
+    path = None
+    if self.acc.is_main_process:
+        path = self.checkpoints.save(self.step, model, {**self.state(), 'rng_ranks': rngs}, sds)
+    self.acc.wait_for_everyone()
+    return path
+
+@patch
+def resume(self: Trainer, ckpt=None) -> bool:
+    "Load the newest good checkpoint (or `ckpt`); return whether one was found."
+    if self.acc.is_main_process: self.checkpoints.clean_partial()
+    if self.remote is not None and ckpt is None:   # a fresh machine: the newest checkpoint may be in object storage
+        if self.acc.is_local_main_process: self.remote.sync_down(self.run_dir)
         self.acc.wait_for_everyone()
-        model = self.acc.unwrap_model(self.model)
-        sds, rngs = full_state_dicts(model, self._opt()), self._rank_rngs()   # collective: all ranks
-        path = None
-        if self.acc.is_main_process:
-            path = save_checkpoint(self.ckpt_root/f'step_{self.step:08d}', model, state={**self.state(), 'rng_ranks': rngs},
-                                   state_dicts=sds)
-            self._prune()
-            if self.remote is not None: self.remote.upload(path, keep=[b.name for b in [self._best_path()] if b])
-        self.acc.wait_for_everyone()
-        return path
+    ckpt = ckpt or self.checkpoints.latest()
+    if ckpt is None: return False
+    self.load_state(load_checkpoint(ckpt, self.acc.unwrap_model(self.model), self._opt()))
+    self.metrics_log.truncate(self, self.step)
+    self.log(f"resumed from {ckpt.name} (step {self.step})")
+    return True
 
-    def _prune(self):
-        cks = list_checkpoints(self.run_dir)
-        best = self._best_path()
-        keep = set(cks[-self.t.keep_last:]) | ({best} if best else set())
-        for ck in cks:
-            if ck not in keep: shutil.rmtree(ck, ignore_errors=True)
+# %% ../nbs/06_train.ipynb #4bf464e7
+@patch
+def _set_lr(self: Trainer):
+    f = self.lr_at(self.step) * self.lr_scale
+    for g, base in zip(self.optimizer.param_groups, self.base_lrs): g['lr'] = base * f
+    return self.base_lrs[0] * f
 
-    def _best_path(self):
-        p = self.run_dir/'best.json'
-        if not p.exists(): return None
-        b = self.ckpt_root/json.loads(p.read_text())['checkpoint']
-        return b if b.exists() else None
+@patch
+def _set_lambda(self: Trainer):
+    "Quantization strength for this step (0 for a `quant.enabled=false` control arm); None without BitLinear layers."
+    from wf_nb.quant import set_lambda, lambda_at
+    q = self.cfg.quant
+    lam = lambda_at(self.quant_steps0 + self.step, q.warmup_steps) if q.enabled else 0.0   # lineage-wide warm-up
+    return lam if set_lambda(self.model, lam) else None
 
-    def resume(self, ckpt=None) -> bool:
-        "Load the newest good checkpoint (or `ckpt`); return whether one was found."
-        if self.acc.is_main_process and self.ckpt_root.exists():  # temp dirs of saves killed by SIGKILL
-            for tmp in self.ckpt_root.glob('.step_*'): shutil.rmtree(tmp, ignore_errors=True)
-        if self.remote is not None and ckpt is None:   # a fresh machine: the newest checkpoint may be in object storage
-            if self.acc.is_local_main_process: self.remote.sync_down(self.run_dir)
-            self.acc.wait_for_everyone()
-        ckpt = ckpt or latest_checkpoint(self.run_dir, log=self.log)
-        if ckpt is None: return False
-        st = load_checkpoint(ckpt, self.acc.unwrap_model(self.model), self._opt())
-        self.load_state(st)
-        self._truncate_metrics(self.step)
-        self.log(f"resumed from {ckpt.name} (step {self.step})")
-        return True
+@patch
+def _record_quant(self: Trainer):
+    "Write the lambda the model was last trained at, and the lineage's quantized steps, into its config (saved with it)."
+    from wf_nb.quant import record_quant_state
+    if self.last_lambda is None: return
+    steps = self.quant_steps0 + (self.step if self.cfg.quant.enabled else 0)
+    record_quant_state(self.acc.unwrap_model(self.model), self.last_lambda, steps)
 
-    def _truncate_metrics(self, step):
-        "Drop metric lines past `step` (written by a run killed after its last checkpoint)."
-        if not self.acc.is_main_process or not self.metrics_path.exists(): return
-        lines = self.metrics_path.read_text().splitlines()
-        keep = [l for l in lines if l.strip() and json.loads(l).get('step', 0) <= step]
-        atomic_write_text(self.metrics_path, ''.join(l + '\n' for l in keep))
-
-    # ----- logging -----
-    def _emit(self, rec: dict):
-        if not self.acc.is_main_process: return
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, 'a') as f: f.write(json.dumps(rec) + '\n'); f.flush()
-        if self._wandb is not None: self._wandb.log({k: v for k, v in rec.items() if isinstance(v, (int, float)) and v is not None}, step=rec['step'])
-        for rep in list(self.reporters):   # a plot must never stop the run: a failing reporter is dropped
-            try: rep(self, rec)
-            except Exception as e: self.reporters.remove(rep); self.log(f"reporter {type(rep).__name__} dropped: {type(e).__name__}: {e}")
-
-    def _init_wandb(self):
-        if not self.acc.is_main_process: return
-        mode = self.cfg.logging.wandb_mode or os.environ.get('WANDB_MODE') or 'offline'
-        if mode == 'disabled': return
-        try:
-            import wandb
-            os.environ.setdefault('WANDB_SILENT', 'true')
-            self._wandb = wandb.init(project=self.cfg.logging.wandb_project, name=self.cfg.logging.run_name or self.run_dir.name,
-                                     id=re.sub(r'[^A-Za-z0-9_-]', '-', self.run_dir.name)[:120], resume='allow', mode=mode,
-                                     dir=str(self.run_dir), config=self.cfg.to_dict(), reinit='finish_previous')
-        except Exception as e:  # logging must never kill training
-            self.log(f"W&B disabled: {type(e).__name__}: {e}"); self._wandb = None
-
-    # ----- one optimizer step -----
-    def _set_lr(self):
-        f = self.lr_at(self.step) * self.lr_scale
-        for g, base in zip(self.optimizer.param_groups, self.base_lrs): g['lr'] = base * f
-        return self.base_lrs[0] * f
-
-    def _set_lambda(self):
-        "Quantization strength for this step (0 for a `quant.enabled=false` control arm); None without BitLinear layers."
-        from wf_nb.quant import set_lambda, lambda_at
-        q = self.cfg.quant
-        lam = lambda_at(self.quant_steps0 + self.step, q.warmup_steps) if q.enabled else 0.0   # lineage-wide warm-up
-        return lam if set_lambda(self.model, lam) else None
-
-    def _record_quant(self):
-        "Write the lambda the model was last trained at, and the lineage's quantized steps, into its config (saved with it)."
-        from wf_nb.quant import record_quant_state
-        if self.last_lambda is None: return
-        steps = self.quant_steps0 + (self.step if self.cfg.quant.enabled else 0)
-        record_quant_state(self.acc.unwrap_model(self.model), self.last_lambda, steps)
-
-    def train_step(self) -> dict:
-        model, acc = self.model, self.acc
-        if hasattr(self.data, 'at_step'): self.data.at_step(self.step, acc.unwrap_model(model))   # e.g. a longer context
-        L = getattr(self.data, 'seq_len', self.cfg.data.seq_len)
-        if L != self._flops_len: self.flops_per_token, self._flops_len = train_flops_per_token(acc.unwrap_model(model), L), L
-        model.train()
-        lr, lam = self._set_lr(), self._set_lambda()
-        self.last_lambda = lam
-        micro = [next(self.data) for _ in range(self.t.grad_accum)]
-        micro = [{k: v.to(acc.device) if torch.is_tensor(v) else v for k, v in b.items()} for b in micro]
-        n_local = sum(count_tokens(b) for b in micro)
-        n_input = sum(int(b['attention_mask'].sum()) if 'attention_mask' in b and b['attention_mask'].dim() == 2
-                      else b['input_ids'].numel() for b in micro) * acc.num_processes   # every token processed (approx. across ranks)
-        n_global = int(acc.reduce(torch.tensor(n_local, device=acc.device), 'sum')) if acc.num_processes > 1 else n_local
-        ctx = StepContext(self.step, self.max_steps, acc.device, self.cfg)
-        sums, loss_sum = {}, 0.0
-        for i, b in enumerate(micro):
-            w = count_tokens(b) / max(1, n_global)
-            sync = i == len(micro) - 1
-            with (acc.no_sync(model) if not sync and acc.num_processes > 1 else _nullctx()), acc.autocast():
-                res = self.step_fn(model, b, ctx)
-                loss = res['loss']
-                if 'loss' in self.hooks: loss = self.hooks['loss'](self, loss)
-                acc.backward(loss * w * acc.num_processes)
-            loss_sum = loss_sum + loss.detach().double() * w   # tensors: no host sync per micro-batch
-            rc, rn = res.pop('row_ce', None), res.pop('row_n', None)
-            if rc is not None and 'source_ids' in b and len(self.source_names):
-                self._src.index_add_(0, b['source_ids'].to(self._src.device), torch.stack([rc.double(), rn.double()], 1).to(self._src))
-            for k, v in res.items():
-                if k == 'loss': continue
-                v = v.detach().double() if torch.is_tensor(v) else v
-                if isinstance(v, (int, float, torch.Tensor)): sums[k] = sums.get(k, 0.0) + (v if k in ('n_tokens', 'n_correct') else v * w)
-        loss_sum, sums = _host_floats(loss_sum, sums, acc.device)   # one device -> host copy per step
-        if acc.num_processes > 1:   # every logged term is a token-weighted share of the global mean: sum over ranks
-            keys = sorted(sums)
-            t = acc.reduce(torch.tensor([loss_sum] + [float(sums[k]) for k in keys], dtype=torch.float64, device=acc.device), 'sum').tolist()
-            loss_sum, sums = t[0], dict(zip(keys, t[1:]))
-        clip = self.t.grad_clip if self.t.grad_clip > 0 else float('inf')
-        gnorm = acc.clip_grad_norm_(model.parameters(), clip)
-        gnorm = float(gnorm.full_tensor() if hasattr(gnorm, 'full_tensor') else gnorm)   # FSDP2: a DTensor
-        return {'loss': loss_sum, 'grad_norm': gnorm, 'lr': lr, 'lambda': lam, 'n_global': n_global, 'n_input': n_input, **sums}
-
-    def _is_spike(self, loss) -> bool:
-        if not math.isfinite(loss): return True
-        return bool(self.t.spike_factor and self.loss_ema is not None and self.step >= 10 and loss > self.t.spike_factor * self.loss_ema)
-
-    def _rollback(self, loss, grad_norm=0.0):
-        self.rollbacks += 1
-        what = f"loss {loss:.4g}" if math.isfinite(grad_norm) else f"non-finite gradient norm ({grad_norm}, loss {loss:.4g})"
-        if self.rollbacks > self.t.max_rollbacks:
-            raise TrainingDiverged(f"{what} at step {self.step} after {self.t.max_rollbacks} rollbacks; "
-                                   f"lower training.lr or raise training.spike_factor")
-        ckpt = latest_checkpoint(self.run_dir, log=self.log)
-        self.optimizer.zero_grad(set_to_none=True)
-        bad_step, rollbacks, scale = self.step, self.rollbacks, self.lr_scale * self.t.spike_lr_factor
-        if ckpt is not None:
-            self.load_state(load_checkpoint(ckpt, self.acc.unwrap_model(self.model), self._opt()), data=False)  # skip the bad data
-        self.rollbacks, self.lr_scale = rollbacks, scale
-        self.log(f"{what} at step {bad_step}: rolled back to step {self.step}, lr x{self.lr_scale:g} (rollback {self.rollbacks}/{self.t.max_rollbacks})")
-        self._emit({'step': self.step, 'event': 'rollback', 'bad_step': bad_step, 'bad_loss': loss if math.isfinite(loss) else str(loss), 'bad_grad_norm': grad_norm if math.isfinite(grad_norm) else str(grad_norm),
-                    'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks})
-
-    # ----- validation -----
-    @torch.no_grad()
-    def evaluate(self) -> float | None:
-        if self.val_data is None: return None
-        model = self.model; model.eval()
-        ctx = StepContext(self.step, self.max_steps, self.acc.device, self.cfg, {'eval': True})
-        tot, n, it = 0.0, 0, iter(self.val_data)
-        for i in itertools.count():
-            b = next(it, None) if not (self.t.eval_batches and i >= self.t.eval_batches) else None
-            if self.sharded:  # every FSDP2 forward is collective: ranks with fewer batches run a dummy one
-                if not self.acc.reduce(torch.tensor([float(b is not None)], device=self.acc.device), 'max')[0]: break
-                if b is None: model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.acc.device)); continue
-            elif b is None: break
-            b = {k: v.to(self.acc.device) if torch.is_tensor(v) else v for k, v in b.items()}
-            with self.acc.autocast(): res = self.step_fn(model, b, ctx)
-            k = count_tokens(b); tot += float(res['loss']) * k; n += k
-        model.train()
-        if self.acc.num_processes > 1:
-            t = self.acc.reduce(torch.tensor([tot, n], device=self.acc.device, dtype=torch.float64), 'sum'); tot, n = float(t[0]), float(t[1])
-        return tot / n if n else None   # no validation tokens: no number, rather than a fake 0.0
-
-    # ----- the loop -----
-    def fit(self, resume=True) -> dict:
-        "Train to `max_steps` (resuming if a checkpoint exists). Returns a summary with `status`."
-        if resume: self.resume()
-        self._init_wandb()
-        start_step, status = self.step, 'COMPLETED'
-        from tqdm.auto import tqdm
-        bar = tqdm(total=self.max_steps, initial=self.step, disable=not (self.cfg.logging.progress and self.acc.is_main_process),
-                   desc=self.run_dir.name, dynamic_ncols=True, mininterval=1.0)
-        interval, window = self.cfg.logging.interval, {'t': time.perf_counter(), 'tokens': 0}
-        first_loss = last_loss = None
-        try:
-            with _Stop() as stop:
-                while self.step < self.max_steps:
-                    t0 = time.perf_counter()
-                    m = self.train_step()
-                    if self._is_spike(m['loss']) or not math.isfinite(m['grad_norm']):   # never step on a non-finite gradient
-                        self._rollback(m['loss'], m['grad_norm']); bar.n = self.step; bar.refresh(); continue
-                    self.optimizer.step(); self.optimizer.zero_grad(set_to_none=True)
-                    self.step += 1
-                    tokens = m['n_global']; self.tokens_seen += tokens; window['tokens'] += tokens
-                    window['input'] = window.get('input', 0) + m['n_input']
-                    dt = time.perf_counter() - t0; self.elapsed += dt
-                    self.loss_ema = m['loss'] if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * m['loss']
-                    self.cost = self.t.cost_per_hour * self.acc.num_processes * self.elapsed / 3600
-                    first_loss = m['loss'] if first_loss is None else first_loss; last_loss = m['loss']
-                    bar.update(1); bar.set_postfix(**{'ce' if 'ce' in m else 'loss': f"{m.get('ce', m['loss']):.3f}"}, refresh=False)   # the student's own CE
-                    if self.step % interval == 0 or self.step == self.max_steps:
-                        self._emit(self._record(m, window)); window = {'t': time.perf_counter(), 'tokens': 0}
-                    do_eval = self.t.eval_interval and self.step % self.t.eval_interval == 0
-                    if do_eval or self.step == self.max_steps: self._validate()
-                    over_budget = bool(self.t.budget and self.cost >= self.t.budget)
-                    if self.acc.num_processes > 1:  # all ranks must agree: save() and the next step are collective
-                        flags = self.acc.reduce(torch.tensor([float(stop.requested), float(over_budget)], device=self.acc.device), 'max')
-                        if flags[0] > 0 and not stop.requested: stop.requested, stop.reason = True, 'a stop request on another rank'
-                        over_budget = bool(flags[1] > 0)
-                    if self.step % self.t.save_interval == 0 or self.step == self.max_steps or stop.requested or over_budget:
-                        self.save()
-                    if stop.requested: status = 'INTERRUPTED'; self.log(f"stopped by {stop.reason} at step {self.step}"); break
-                    if over_budget:
-                        status = 'INTERRUPTED'; self.log(f"budget {self.t.budget} reached (cost {self.cost:.4f}) at step {self.step}"); break
-        finally:
-            bar.close()
-            self._record_quant()
-            if self.remote is not None: self.remote.close()   # the last checkpoint leaves before the process does
-            if self._wandb is not None: self._wandb.finish()
-        return {'status': status, 'step': self.step, 'start_step': start_step, 'first_loss': first_loss, 'last_loss': last_loss,
-                'tokens_seen': self.tokens_seen, 'rollbacks': self.rollbacks, 'best_val': self.best_val if math.isfinite(self.best_val) else None}
-
-    def _validate(self):
-        v = self.evaluate()
-        if v is None: return
-        self._emit({'step': self.step, 'val_loss': v, 'val_ppl': math.exp(min(v, 50))})
-        if v < self.best_val and self.acc.is_main_process:
-            self.best_val = v
-            atomic_write_text(self.run_dir/'best.json', json.dumps({'checkpoint': f'step_{self.step:08d}', 'val_loss': v}))
-
-    def _record(self, m, window) -> dict:
-        dt = max(1e-9, time.perf_counter() - window['t'])
-        tps = window['tokens'] / dt
-        flops = window.get('input', window['tokens']) / dt * self.flops_per_token
-        peak = peak_flops(self.acc.device)
-        # tokens_per_s counts the tokens the loss is computed on (all of them for LM data; label tokens for SFT);
-        # input_tokens_per_s counts every token the model processed, the number to compare with hardware throughput.
-        rec = {'step': self.step, 'loss': m['loss'], 'ppl': math.exp(min(m['loss'], 50)), 'lr': m['lr'], 'grad_norm': m['grad_norm'],
-               'lambda': m['lambda'], 'tokens': self.tokens_seen, 'tokens_per_s': tps, 'input_tokens_per_s': window.get('input', 0) / dt,
-               'flops_per_s': flops,
-               'mfu': flops / (peak * self.acc.num_processes) if peak else None, 'peak_mem_mb': peak_memory_mb(self.acc.device),
-               'time': time.time()}
-        if m.get('n_tokens'): rec['accuracy'] = m.get('n_correct', 0) / m['n_tokens']
-        if hasattr(self.data, 'seq_len'): rec['seq_len'] = self.data.seq_len
-        if len(self.source_names):   # loss per mixture source over the logging window (all ranks)
-            t = self.acc.reduce(self._src.clone(), 'sum') if self.acc.num_processes > 1 else self._src
-            for name, (ce, n) in zip(self.source_names, t.tolist()): rec[f'loss/{name}'] = ce / n if n else None
-            self._src.zero_()
-        if self.t.cost_per_hour: rec['cost'] = self.cost
-        rec.update({k: v for k, v in m.items() if k not in rec and k not in ('n_global', 'n_input', 'n_tokens', 'n_correct')})
-        return rec
+def _host_floats(loss_sum, sums: dict, device):
+    "The step's loss and metric sums (tensors or numbers) as Python floats, in one device -> host copy."
+    keys = list(sums)
+    vals = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in [loss_sum] + [sums[k] for k in keys]])
+    out = vals.tolist()
+    return out[0], dict(zip(keys, out[1:]))
 
 class _nullctx:
     def __enter__(self): return self
     def __exit__(self, *a): return False
+
+# %% ../nbs/06_train.ipynb #ec08b780
+@patch
+def train_step(self: Trainer) -> dict:
+    model, acc = self.model, self.acc
+    model.train()
+    lr, lam = self._set_lr(), self._set_lambda()
+    self.last_lambda = lam
+    micro = [next(self.data) for _ in range(self.t.grad_accum)]
+    micro = [{k: v.to(acc.device) if torch.is_tensor(v) else v for k, v in b.items()} for b in micro]
+    n_local = sum(count_tokens(b) for b in micro)
+    n_input = sum(int(b['attention_mask'].sum()) if 'attention_mask' in b and b['attention_mask'].dim() == 2
+                  else b['input_ids'].numel() for b in micro) * acc.num_processes   # every token processed (approx. across ranks)
+    n_global = int(acc.reduce(torch.tensor(n_local, device=acc.device), 'sum')) if acc.num_processes > 1 else n_local
+    ctx = StepContext(self.step, self.max_steps, acc.device, self.cfg)
+    sums, loss_sum = {}, 0.0
+    for i, b in enumerate(micro):
+        w = count_tokens(b) / max(1, n_global)
+        sync = i == len(micro) - 1
+        with (acc.no_sync(model) if not sync and acc.num_processes > 1 else _nullctx()), acc.autocast():
+            res = self.step_fn(model, b, ctx)
+            loss = res['loss']
+            for cb in self.callbacks: loss = cb.after_loss(self, loss)
+            acc.backward(loss * w * acc.num_processes)
+        loss_sum = loss_sum + loss.detach().double() * w   # tensors: no host sync per micro-batch
+        rc, rn = res.pop('row_ce', None), res.pop('row_n', None)
+        if rc is not None and 'source_ids' in b and len(self.source_names):
+            self._src.index_add_(0, b['source_ids'].to(self._src.device), torch.stack([rc.double(), rn.double()], 1).to(self._src))
+        for k, v in res.items():
+            if k == 'loss': continue
+            v = v.detach().double() if torch.is_tensor(v) else v
+            if isinstance(v, (int, float, torch.Tensor)): sums[k] = sums.get(k, 0.0) + (v if k in ('n_tokens', 'n_correct') else v * w)
+    loss_sum, sums = _host_floats(loss_sum, sums, acc.device)   # one device -> host copy per step
+    if acc.num_processes > 1:   # every logged term is a token-weighted share of the global mean: sum over ranks
+        keys = sorted(sums)
+        t = acc.reduce(torch.tensor([loss_sum] + [float(sums[k]) for k in keys], dtype=torch.float64, device=acc.device), 'sum').tolist()
+        loss_sum, sums = t[0], dict(zip(keys, t[1:]))
+    clip = self.t.grad_clip if self.t.grad_clip > 0 else float('inf')
+    gnorm = acc.clip_grad_norm_(model.parameters(), clip)
+    gnorm = float(gnorm.full_tensor() if hasattr(gnorm, 'full_tensor') else gnorm)   # FSDP2: a DTensor
+    return {'loss': loss_sum, 'grad_norm': gnorm, 'lr': lr, 'lambda': lam, 'n_global': n_global, 'n_input': n_input, **sums}
+
+# %% ../nbs/06_train.ipynb #b2aa887f
+@patch
+@torch.no_grad()
+def evaluate(self: Trainer) -> float | None:
+    if self.val_data is None: return None
+    model = self.model; model.eval()
+    ctx = StepContext(self.step, self.max_steps, self.acc.device, self.cfg)
+    tot, n, it = 0.0, 0, iter(self.val_data)
+    for i in itertools.count():
+        b = next(it, None) if not (self.t.eval_batches and i >= self.t.eval_batches) else None
+        if self.sharded:  # every FSDP2 forward is collective: ranks with fewer batches run a dummy one
+            if not self.acc.reduce(torch.tensor([float(b is not None)], device=self.acc.device), 'max')[0]: break
+            if b is None: model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.acc.device)); continue
+        elif b is None: break
+        b = {k: v.to(self.acc.device) if torch.is_tensor(v) else v for k, v in b.items()}
+        with self.acc.autocast(): res = self.eval_step_fn(model, b, ctx)
+        k = count_tokens(b); tot += float(res['loss']) * k; n += k
+    model.train()
+    if self.acc.num_processes > 1:
+        t = self.acc.reduce(torch.tensor([tot, n], device=self.acc.device, dtype=torch.float64), 'sum'); tot, n = float(t[0]), float(t[1])
+    return tot / n if n else None   # no validation tokens: no number, rather than a fake 0.0
+
+# %% ../nbs/06_train.ipynb #406f1d01
+@patch
+def _account(self: Trainer, m: dict, dt: float):
+    "Count an applied step's tokens and time; its metrics become `self.last`."
+    self.tokens_seen += m['n_global']; self.elapsed += dt; self.last = m
+    self.first_loss = m['loss'] if self.first_loss is None else self.first_loss; self.last_loss = m['loss']
+
+@patch
+def summary(self: Trainer) -> dict:
+    return {'status': self.status, 'step': self.step, 'start_step': self.start_step, 'first_loss': self.first_loss,
+            'last_loss': self.last_loss, 'tokens_seen': self.tokens_seen, 'rollbacks': self.rollbacks,
+            'best_val': self.best_val if math.isfinite(self.best_val) else None}
+
+@patch
+def fit(self: Trainer, resume=True) -> dict:
+    "Train to `max_steps` (resuming if a checkpoint exists). Returns a summary with `status`."
+    if resume: self.resume()
+    self.start_step, self.status, self.stop_reason = self.step, 'COMPLETED', None
+    self.first_loss = self.last_loss = None
+    self._event('before_fit')
+    try:
+        while self.step < self.max_steps:
+            t0 = time.perf_counter()
+            self._event('before_step')
+            m = self.train_step()
+            if self.spikes(self, m): self._event('after_rollback'); continue   # never step on a bad loss or gradient
+            self.optimizer.step(); self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            self._account(m, time.perf_counter() - t0)
+            self._event('after_step')   # loss EMA, cost, progress, metrics, validation, stop agreement
+            if self.step % self.t.save_interval == 0 or self.step == self.max_steps or self.stop_reason: self.save()
+            if self.stop_reason: self.status = 'INTERRUPTED'; self.log(self.stop_reason); break
+    finally:
+        self._event('after_fit')
+        self._record_quant()
+        self.checkpoints.close()   # the last checkpoint leaves before the process does
+    return self.summary()
 
 # %% ../nbs/06_train.ipynb #af262aed
 class ListStream:
@@ -675,18 +771,3 @@ class ListStream:
         return {'input_ids': x, 'labels': x.clone()}
     def state_dict(self): return {'pos': self.pos}
     def load_state_dict(self, sd): self.pos = sd['pos']
-
-# %% ../nbs/06_train.ipynb #923a2002
-class _APIModule(type(sys)):
-    "A module that is also a function of the Python API (its `__api__`, a dotted path), called lazily."
-    def __call__(self, *args, **kwargs):
-        from importlib import import_module
-        mod, _, fn = self.__api__.rpartition('.')
-        return getattr(import_module(mod), fn)(*args, **kwargs)
-
-def api_module(name: str, api: str):
-    "Make the wf_nb module `name` callable as the function `api` (a no-op for a notebook's `__main__`)."
-    m = sys.modules.get(name)
-    if m is not None and name.startswith('wf_nb.'): m.__class__, m.__api__ = _APIModule, api
-
-api_module(__name__, 'wf_nb.jupyter.train')
