@@ -9,7 +9,7 @@ from pathlib import Path
 from .config import get_config, to_yaml, fingerprint, ConfigError, git_info
 
 # %% auto #0
-__all__ = ['EXIT_CODES', 'resolve_checkpoint', 'main']
+__all__ = ['EXIT_CODES', 'COMMANDS', 'resolve_checkpoint', 'main']
 
 # %% ../nbs/11_cli.ipynb #924351a2
 class _Parser(argparse.ArgumentParser):
@@ -32,20 +32,19 @@ def _subparser(p, args):
         if sp is not None: return sp
     return p
 
-def _parser() -> argparse.ArgumentParser:
-    codes = '\n'.join(f"  {k:>3}  {v}" for k, v in EXIT_CODES.items())
-    p = _Parser(prog='wf', description='wf_nb: train 1.58-bit and small efficient LLMs', formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog=f"exit codes:\n{codes}\n\n--debug (or WF_NB_DEBUG=1) shows the traceback of an error.")
-    sub = p.add_subparsers(dest='cmd', required=True)
+# %% ../nbs/11_cli.ipynb #30899f47
+def _run_opts(sp):
+    "The options of every command that builds a run config: model, stage, runs folder, overrides."
+    sp.add_argument('-m', '--model', help='model preset (smollm2_135m, tiny_llama, qwen3_0_6b, ...)')
+    sp.add_argument('-s', '--stage', help='stage: 1 | 1.9 | 2 | 3 | sft | kd | pretrain')
+    sp.add_argument('--runs-dir', default=None, help='run registry directory (default ./runs or $WF_RUNS_DIR)')
+    sp.add_argument('overrides', nargs='*', help='group.key=value or group=preset')
 
-    def run_opts(sp):
-        sp.add_argument('-m', '--model', help='model preset (smollm2_135m, tiny_llama, qwen3_0_6b, ...)')
-        sp.add_argument('-s', '--stage', help='stage: 1 | 1.9 | 2 | 3 | sft | kd | pretrain')
-        sp.add_argument('--runs-dir', default=None, help='run registry directory (default ./runs or $WF_RUNS_DIR)')
-        sp.add_argument('overrides', nargs='*', help='group.key=value or group=preset')
-
+# %% ../nbs/11_cli.ipynb #9c87c623
+def _args_train(sub):
+    "`wf train`."
     t = sub.add_parser('train', help='run a stage (resumes an identical run)')
-    run_opts(t)
+    _run_opts(t)
     t.add_argument('--out', help='also write the stage output (a HF checkpoint) to this directory')
     t.add_argument('--scale', choices=['single', 'small', 'medium', 'large'], help='process-count profile')
     t.add_argument('--skip-recovery', action='store_true', help='start a fresh run even if an identical one exists')
@@ -54,8 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument('--node-rank', type=int, help="this machine's rank, 0..nnodes-1"); t.add_argument('--master-addr', help='address of node 0')
     t.add_argument('--master-port', type=_positive_int, help='rendezvous port on node 0 (default 29500)')
 
+# %% ../nbs/11_cli.ipynb #639b5360
+def _args_launch(sub):
+    "`wf launch`."
     la = sub.add_parser('launch', help='run a `wf train` command on SkyPilot, Modal or here (writes the job spec)')
-    run_opts(la)
+    _run_opts(la)
     la.add_argument('--backend', required=True, choices=['skypilot', 'modal', 'local'])
     la.add_argument('--gpus', default='A100:1', help='accelerators per node, TYPE:COUNT (default A100:1)')
     la.add_argument('--nodes', type=_positive_int, default=1, help='machines (SkyPilot: multi-node torchrun)')
@@ -66,9 +68,15 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument('--out', help='folder for the spec (default launch/JOB)')
     la.add_argument('--dry-run', action='store_true', help='write the spec only; print the command that starts it')
 
+# %% ../nbs/11_cli.ipynb #8a726a5d
+def _args_config(sub):
+    "`wf config`."
     c = sub.add_parser('config', help='print the resolved config and its fingerprint')
-    run_opts(c)
+    _run_opts(c)
 
+# %% ../nbs/11_cli.ipynb #6f65aa19
+def _args_pipeline(sub):
+    "`wf pipeline`."
     pl = sub.add_parser('pipeline', help='Stage 1 -> 1.9 -> 2 on one student-token budget (the measured recipe)')
     pl.add_argument('-m', '--model', default='smollm2_135m', help='model preset')
     pl.add_argument('--tokens', type=int, default=153_600, help='student tokens for Stages 1.9 + 2 (teacher forwards do not count)')
@@ -76,16 +84,25 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument('--out', help='also write the final (Stage 2) checkpoint to this directory')
     pl.add_argument('--runs-dir', default=None); pl.add_argument('overrides', nargs='*', help='group.key=value for every stage')
 
+# %% ../nbs/11_cli.ipynb #59e3a451
+def _args_smoke(sub):
+    "`wf smoke`."
     s = sub.add_parser('smoke', help='offline end-to-end check: real SmolLM2 + Shakespeare, stage 1 -> 1.9')
     s.add_argument('--runs-dir', default=None)
     s.add_argument('--steps', type=_positive_int, default=8)
     s.add_argument('overrides', nargs='*')
 
+# %% ../nbs/11_cli.ipynb #ee461e7b
+def _args_runs(sub):
+    "`wf runs` (and `logs`, `cancel`)."
     sub.add_parser('runs', help='list runs').add_argument('--runs-dir', default=None)
     for name, hlp in (('logs', 'metrics and log tail of a run'), ('cancel', 'stop a running run (it saves first)')):
         sp = sub.add_parser(name, help=hlp); sp.add_argument('run'); sp.add_argument('--runs-dir', default=None)
         if name == 'logs': sp.add_argument('-n', type=int, default=20)
 
+# %% ../nbs/11_cli.ipynb #fa1bbfbf
+def _args_data(sub):
+    "`wf data`."
     d = sub.add_parser('data', help='data tools')
     dsub = d.add_subparsers(dest='data_cmd', required=True)
     tk = dsub.add_parser('tokenize', help='tokenize a source into token shards')
@@ -104,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument('--data-path', required=True); sp.add_argument('--output-path', required=True)
     sp.add_argument('--val-ratio', type=float, default=0.01, help='share of files held out for validation, in [0, 1)'); sp.add_argument('--seed', type=int, default=42)
 
+# %% ../nbs/11_cli.ipynb #acf8c07b
+def _args_eval(sub):
+    "`wf eval`."
     e = sub.add_parser('eval', help='perplexity / multiple choice / task accuracy')
     e.add_argument('src', help='run id, run dir or checkpoint dir'); e.add_argument('--data'); e.add_argument('--mc')
     e.add_argument('--task'); e.add_argument('--json', dest='out_json'); e.add_argument('--runs-dir', default=None)
@@ -115,15 +135,24 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument('--calibrate', action='store_true', help='--task: also report content-free calibrated accuracy (Zhao et al. 2021)')
     e.add_argument('--num-fewshot', type=int, help='few-shot examples for --lm-eval tasks (default: the task\'s own)')
 
+# %% ../nbs/11_cli.ipynb #d6d200c1
+def _args_export(sub):
+    "`wf export`."
     x = sub.add_parser('export', help='packed ternary export')
     x.add_argument('src'); x.add_argument('--format', default='hf-bitnet', choices=['hf-bitnet', 'gguf', 'wf-packed'])
     x.add_argument('--out', required=True); x.add_argument('--runs-dir', default=None)
     x.add_argument('--overwrite', action='store_true', help='replace an existing export')
 
+# %% ../nbs/11_cli.ipynb #b3cf5683
+def _args_generate(sub):
+    "`wf generate`."
     g = sub.add_parser('generate', help='generate text from a checkpoint')
     g.add_argument('src'); g.add_argument('--prompt', required=True); g.add_argument('--max-new-tokens', type=int, default=40)
     g.add_argument('--runs-dir', default=None)
 
+# %% ../nbs/11_cli.ipynb #6e9219e7
+def _args_ablate(sub):
+    "`wf ablate`."
     ab = sub.add_parser('ablate', help='both arms x seeds of an ablation through papermill, then its report (wf_nb.ablate)')
     ab.add_argument('ablation', choices=['haar', 'saliency'])
     ab.add_argument('--seeds', type=_positive_int, default=3, help='seeds per arm (1..N)')
@@ -133,6 +162,15 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument('--report-dir', default=None, help='default papermill_runs/reports/ABLATION/PROTOCOL')
     ab.add_argument('--work-dir', default=None, help='arm notebooks and results (default papermill_runs/out/ablate/ABLATION-PROTOCOL)')
     ab.add_argument('--runs-dir', default=None); ab.add_argument('overrides', nargs='*', help='group.key=value for every stage of every arm')
+
+# %% ../nbs/11_cli.ipynb #9da3d3cb
+def _parser() -> argparse.ArgumentParser:
+    "The `wf` command line: one `_args_CMD` per command."
+    codes = '\n'.join(f"  {k:>3}  {v}" for k, v in EXIT_CODES.items())
+    p = _Parser(prog='wf', description='wf_nb: train 1.58-bit and small efficient LLMs', formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog=f"exit codes:\n{codes}\n\n--debug (or WF_NB_DEBUG=1) shows the traceback of an error.")
+    sub = p.add_subparsers(dest='cmd', required=True)
+    for add in (_args_train, _args_launch, _args_config, _args_pipeline, _args_smoke, _args_runs, _args_data, _args_eval, _args_export, _args_generate, _args_ablate): add(sub)
     return p
 
 # %% ../nbs/11_cli.ipynb #13f5e63b
@@ -186,6 +224,7 @@ def _disk_full(e, where='.') -> bool:
         except OSError: return False
     return False
 
+# %% ../nbs/11_cli.ipynb #7d53ad1f
 def main(argv=None) -> int:
     "Entry point of the `wf` console script; returns the exit code (`EXIT_CODES`)."
     import signal
@@ -241,6 +280,7 @@ def _train_exit(res) -> int:
         return 128 + int(sig) if sig else 3
     return 1
 
+# %% ../nbs/11_cli.ipynb #8389bceb
 def _check_eval_inputs(a):
     "Refuse `wf eval` inputs that would fail after the model is loaded: an empty or malformed --mc file, --json onto a folder."
     if a.out_json:
@@ -265,90 +305,135 @@ def _check_eval_inputs(a):
         if not items: raise ValueError(f"--mc {p} has no items; one JSON object per line: "
                                        f'{{"context": ..., "choices": [...], "label": INDEX}}')
 
-def _dispatch(a):
-    if a.cmd == 'config':
-        cfg = get_config(a.overrides, stage=a.stage, model=a.model)
-        print(to_yaml(cfg)); print(f"# fingerprint {fingerprint(cfg, git_info()['commit'])}"); return 0
-    if a.cmd == 'train':
-        from wf_nb.stages import run_stage
-        cfg = get_config(a.overrides, stage=a.stage or '1', model=a.model)
-        if a.scale: cfg.distributed.scale = a.scale
-        if a.gpus:
-            from wf_nb.gpus import parse_gpus
-            cfg.distributed.gpus = '%s:%d' % parse_gpus(a.gpus)
-        if a.out and not a.skip_recovery and (done := _completed_run(cfg, a.runs_dir)) is not None:
-            from wf_nb.runs import copy_output   # --out on a finished run: hand over its output, nothing is retrained
-            out = copy_output(done, a.out)
-            print(f"wf train: run {done.id} already COMPLETED; copied its output to {out}", file=sys.stderr); return 0
-        from wf_nb.launch import maybe_relaunch, node_layout
-        nodes = node_layout(a.nnodes, a.node_rank, a.master_addr, a.master_port)
-        if (rc := maybe_relaunch(cfg, a.argv, nodes=nodes)) is not None: return rc  # re-run under `accelerate launch`
-        from wf_nb.train import _Stop
-        _Stop.last_signal = None
-        res = run_stage(cfg, runs_dir=a.runs_dir, out=a.out, skip_recovery=a.skip_recovery)
-        return _train_exit(res)
-    if a.cmd == 'launch':
-        from wf_nb.cloud import launch
-        res = launch(a.backend, a.model, a.stage, a.overrides, a.scale, gpus=a.gpus, num_nodes=a.nodes, spot=not a.on_demand,
-                     out=a.out, dry_run=a.dry_run, secrets=a.secret, max_restarts=a.max_restarts)
-        return res.get('returncode', 0)
-    if a.cmd == 'pipeline':
-        from wf_nb.stages import run_pipeline
-        from wf_nb.train import _Stop
-        _Stop.last_signal = None
-        res = run_pipeline(a.model, a.overrides, tokens=a.tokens, split=a.split, runs_dir=a.runs_dir, out=a.out)
-        print(f"wf pipeline: {res['status']}; output {res.get('output')}")
-        return _train_exit(res)   # a signal or the budget stops the pipeline as it stops `wf train`
-    if a.cmd == 'smoke':
-        from wf_nb.stages import smoke
-        res = smoke(runs_dir=a.runs_dir, steps=a.steps, overrides=a.overrides)
-        return 0 if res['ok'] else 1
-    if a.cmd == 'runs':
-        from wf_nb.runs import runs_table; print(runs_table(a.runs_dir)); return 0
-    if a.cmd == 'logs':
-        from wf_nb.runs import run_logs; print(run_logs(a.run, a.runs_dir, a.n)); return 0
-    if a.cmd == 'cancel':
-        from wf_nb.runs import cancel_run; print(cancel_run(a.run, a.runs_dir)); return 0
-    if a.cmd == 'data':
-        from wf_nb import shards as D
-        if a.data_cmd == 'validate':
-            rep = D.data_validate(a.data_path, vocab_size=a.vocab_size, seq_len=a.seq_len, checksums=not a.no_checksums)
-            if not rep.get('ok', True):
-                print(f"wf data validate: error: {len(rep.get('errors', []))} problem(s) in {a.data_path} (listed above)", file=sys.stderr)
-            return 0 if rep.get('ok', True) else 1
-        if a.data_cmd == 'split': D.data_split(a.data_path, a.output_path, val_ratio=a.val_ratio, seed=a.seed); return 0
-        if a.data_cmd == 'tokenize':
-            from wf_nb.assets import load_tokenizer
-            tok = load_tokenizer(get_config(model=a.model).model)
-            D.data_tokenize(a.source, a.output_path, tok, text_field=a.text_field, num_proc=a.num_proc,
-                            shard_tokens=a.shard_tokens, overwrite=a.overwrite, encoding=a.encoding,
-                            decode_errors=a.decode_errors); return 0
-    if a.cmd == 'eval':
-        from wf_nb.evaluate import evaluate
-        _check_eval_inputs(a)
-        if a.lm_eval:
-            from wf_nb.lmeval import lm_evaluate
-            lm_evaluate(resolve_checkpoint(a.src, a.runs_dir), a.lm_eval, data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
-                        limit=a.limit, num_fewshot=a.num_fewshot, seq_len=a.seq_len, stride=a.stride, max_tokens=a.max_tokens,
-                        calibrate=a.calibrate); return 0
-        evaluate(resolve_checkpoint(a.src, a.runs_dir), data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
-                 seq_len=a.seq_len, stride=a.stride, limit=a.limit, max_tokens=a.max_tokens, calibrate=a.calibrate); return 0
-    if a.cmd == 'export':
-        from wf_nb.export import export_model, format_size_report
-        rep = export_model(resolve_checkpoint(a.src, a.runs_dir), fmt=a.format, out=a.out, overwrite=a.overwrite)
-        print(f"exported {rep['format']} -> {rep['path']} in {rep['seconds']}s\n{format_size_report(rep)}")
-        return 0
-    if a.cmd == 'generate':
-        from wf_nb.evaluate import generate
-        if not a.prompt.strip(): raise ValueError("--prompt is empty; give the text to continue, e.g. --prompt 'To be, or not to be'")
-        print(generate(resolve_checkpoint(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens)); return 0
-    if a.cmd == 'ablate':
-        import shlex
-        from wf_nb.ablate import run_ablation
-        run_ablation(a.ablation, a.seeds, a.protocol, a.overrides, a.max_steps, a.runs_dir, a.work_dir, a.report_dir,
-                     export=not a.no_export, command=shlex.join(['wf', *a.argv])); return 0
-    raise ValueError(f"unknown command {a.cmd}")
+# %% ../nbs/11_cli.ipynb #6dc8d3dd
+def _cmd_config(a) -> int:
+    "`wf config`."
+    cfg = get_config(a.overrides, stage=a.stage, model=a.model)
+    print(to_yaml(cfg)); print(f"# fingerprint {fingerprint(cfg, git_info()['commit'])}"); return 0
 
+# %% ../nbs/11_cli.ipynb #8fa41724
+def _cmd_train(a) -> int:
+    "`wf train`."
+    from wf_nb.stages import run_stage
+    cfg = get_config(a.overrides, stage=a.stage or '1', model=a.model)
+    if a.scale: cfg.distributed.scale = a.scale
+    if a.gpus:
+        from wf_nb.gpus import parse_gpus
+        cfg.distributed.gpus = '%s:%d' % parse_gpus(a.gpus)
+    if a.out and not a.skip_recovery and (done := _completed_run(cfg, a.runs_dir)) is not None:
+        from wf_nb.runs import copy_output   # --out on a finished run: hand over its output, nothing is retrained
+        out = copy_output(done, a.out)
+        print(f"wf train: run {done.id} already COMPLETED; copied its output to {out}", file=sys.stderr); return 0
+    from wf_nb.launch import maybe_relaunch, node_layout
+    nodes = node_layout(a.nnodes, a.node_rank, a.master_addr, a.master_port)
+    if (rc := maybe_relaunch(cfg, a.argv, nodes=nodes)) is not None: return rc  # re-run under `accelerate launch`
+    from wf_nb.train import _Stop
+    _Stop.last_signal = None
+    res = run_stage(cfg, runs_dir=a.runs_dir, out=a.out, skip_recovery=a.skip_recovery)
+    return _train_exit(res)
+
+# %% ../nbs/11_cli.ipynb #f37b5d74
+def _cmd_launch(a) -> int:
+    "`wf launch`."
+    from wf_nb.cloud import launch
+    res = launch(a.backend, a.model, a.stage, a.overrides, a.scale, gpus=a.gpus, num_nodes=a.nodes, spot=not a.on_demand,
+                 out=a.out, dry_run=a.dry_run, secrets=a.secret, max_restarts=a.max_restarts)
+    return res.get('returncode', 0)
+
+# %% ../nbs/11_cli.ipynb #c22ea8d0
+def _cmd_pipeline(a) -> int:
+    "`wf pipeline`."
+    from wf_nb.stages import run_pipeline
+    from wf_nb.train import _Stop
+    _Stop.last_signal = None
+    res = run_pipeline(a.model, a.overrides, tokens=a.tokens, split=a.split, runs_dir=a.runs_dir, out=a.out)
+    print(f"wf pipeline: {res['status']}; output {res.get('output')}")
+    return _train_exit(res)   # a signal or the budget stops the pipeline as it stops `wf train`
+
+# %% ../nbs/11_cli.ipynb #11691c37
+def _cmd_smoke(a) -> int:
+    "`wf smoke`."
+    from wf_nb.stages import smoke
+    res = smoke(runs_dir=a.runs_dir, steps=a.steps, overrides=a.overrides)
+    return 0 if res['ok'] else 1
+
+# %% ../nbs/11_cli.ipynb #712ebae4
+def _cmd_runs(a) -> int:
+    "`wf runs`."
+    from wf_nb.runs import runs_table; print(runs_table(a.runs_dir)); return 0
+
+# %% ../nbs/11_cli.ipynb #a1c63e6d
+def _cmd_logs(a) -> int:
+    "`wf logs`."
+    from wf_nb.runs import run_logs; print(run_logs(a.run, a.runs_dir, a.n)); return 0
+
+# %% ../nbs/11_cli.ipynb #21273bb1
+def _cmd_cancel(a) -> int:
+    "`wf cancel`."
+    from wf_nb.runs import cancel_run; print(cancel_run(a.run, a.runs_dir)); return 0
+
+# %% ../nbs/11_cli.ipynb #52f25210
+def _cmd_data(a) -> int:
+    "`wf data`."
+    from wf_nb import shards as D
+    if a.data_cmd == 'validate':
+        rep = D.data_validate(a.data_path, vocab_size=a.vocab_size, seq_len=a.seq_len, checksums=not a.no_checksums)
+        if not rep.get('ok', True):
+            print(f"wf data validate: error: {len(rep.get('errors', []))} problem(s) in {a.data_path} (listed above)", file=sys.stderr)
+        return 0 if rep.get('ok', True) else 1
+    if a.data_cmd == 'split': D.data_split(a.data_path, a.output_path, val_ratio=a.val_ratio, seed=a.seed); return 0
+    if a.data_cmd == 'tokenize':
+        from wf_nb.assets import load_tokenizer
+        tok = load_tokenizer(get_config(model=a.model).model)
+        D.data_tokenize(a.source, a.output_path, tok, text_field=a.text_field, num_proc=a.num_proc,
+                        shard_tokens=a.shard_tokens, overwrite=a.overwrite, encoding=a.encoding,
+                        decode_errors=a.decode_errors); return 0
+    raise ValueError(f"unknown data command {a.data_cmd}")
+
+# %% ../nbs/11_cli.ipynb #89accbe3
+def _cmd_eval(a) -> int:
+    "`wf eval`."
+    from wf_nb.evaluate import evaluate
+    _check_eval_inputs(a)
+    if a.lm_eval:
+        from wf_nb.lmeval import lm_evaluate
+        lm_evaluate(resolve_checkpoint(a.src, a.runs_dir), a.lm_eval, data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
+                    limit=a.limit, num_fewshot=a.num_fewshot, seq_len=a.seq_len, stride=a.stride, max_tokens=a.max_tokens,
+                    calibrate=a.calibrate); return 0
+    evaluate(resolve_checkpoint(a.src, a.runs_dir), data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
+             seq_len=a.seq_len, stride=a.stride, limit=a.limit, max_tokens=a.max_tokens, calibrate=a.calibrate); return 0
+
+# %% ../nbs/11_cli.ipynb #326d7dfc
+def _cmd_export(a) -> int:
+    "`wf export`."
+    from wf_nb.export import export_model, format_size_report
+    rep = export_model(resolve_checkpoint(a.src, a.runs_dir), fmt=a.format, out=a.out, overwrite=a.overwrite)
+    print(f"exported {rep['format']} -> {rep['path']} in {rep['seconds']}s\n{format_size_report(rep)}")
+    return 0
+
+# %% ../nbs/11_cli.ipynb #a8a1260a
+def _cmd_generate(a) -> int:
+    "`wf generate`."
+    from wf_nb.evaluate import generate
+    if not a.prompt.strip(): raise ValueError("--prompt is empty; give the text to continue, e.g. --prompt 'To be, or not to be'")
+    print(generate(resolve_checkpoint(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens)); return 0
+
+# %% ../nbs/11_cli.ipynb #422c1a87
+def _cmd_ablate(a) -> int:
+    "`wf ablate`."
+    import shlex
+    from wf_nb.ablate import run_ablation
+    run_ablation(a.ablation, a.seeds, a.protocol, a.overrides, a.max_steps, a.runs_dir, a.work_dir, a.report_dir,
+                 export=not a.no_export, command=shlex.join(['wf', *a.argv])); return 0
+
+# %% ../nbs/11_cli.ipynb #fe27c1c6
+COMMANDS = {'config': _cmd_config, 'train': _cmd_train, 'launch': _cmd_launch, 'pipeline': _cmd_pipeline, 'smoke': _cmd_smoke, 'runs': _cmd_runs, 'logs': _cmd_logs, 'cancel': _cmd_cancel, 'data': _cmd_data, 'eval': _cmd_eval, 'export': _cmd_export, 'generate': _cmd_generate, 'ablate': _cmd_ablate}   # `wf CMD` -> its handler (an exit code)
+
+def _dispatch(a) -> int:
+    if a.cmd not in COMMANDS: raise ValueError(f"unknown command {a.cmd}")
+    return COMMANDS[a.cmd](a)
+
+# %% ../nbs/11_cli.ipynb #5dd7a428
 def _completed_run(cfg, runs_dir):
     "The COMPLETED run with `cfg`'s fingerprint, if there is one."
     from wf_nb.runs import Run, run_id_for, default_runs_dir

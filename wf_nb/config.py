@@ -68,6 +68,7 @@ class DataConfig:
     encoding: str = 'utf-8'             # encoding of text files (e.g. latin-1)
     decode_errors: str = 'strict'       # strict: a byte that does not decode is an error | replace | ignore (accept damage knowingly)
 
+# %% ../nbs/00a_config.ipynb #20ad7c41
 @dataclass
 class TrainingConfig:
     "Optimisation, schedule, checkpointing and stopping."
@@ -112,6 +113,7 @@ class QuantConfig:
     haar: bool = False                  # Haar-wavelet activations (ablation)
     act_bits: int = 8
 
+# %% ../nbs/00a_config.ipynb #d6d49cba
 @dataclass
 class DistillConfig:
     "Teacher and loss weights for Stages 1.9 / 2 (`ce_weight*CE + kd_weight*KD + w*layerwise`), 3 (BitDistill) and KD mid-training."
@@ -172,6 +174,7 @@ class WFConfig:
         for p in dotted.split('.'): obj = getattr(obj, p)
         return obj
 
+# %% ../nbs/00a_config.ipynb #183712ff
 GROUPS = {f.name: f.type for f in fields(WFConfig) if f.name != 'stage'}
 
 # %% ../nbs/00a_config.ipynb #19402532
@@ -231,6 +234,7 @@ def _field_types(cls):
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in fields(cls)}
 
+# %% ../nbs/00a_config.ipynb #e9f223bc
 def apply_override(cfg: WFConfig, override: str) -> WFConfig:
     "Apply one `group.key=value` or `group=preset` (or `stage=...`) override to `cfg` in place."
     if '=' not in override:

@@ -193,6 +193,7 @@ class _WFPreTrained(PreTrainedModel):
         loss = None if lm is None else (lm if aux is None else lm + aux)
         return WFCausalLMOutput(loss=loss, logits=logits, hidden_states=hidden, aux_loss=aux, lm_loss=lm, metrics=metrics)
 
+# %% ../nbs/02a_models.ipynb #67bd9e44
 class WFMoEForCausalLM(_WFPreTrained, GenerationMixin):
     "Llama-style decoder with top-k mixture-of-experts MLPs, tied embeddings, load-balancing and z losses."
     config_class = WFMoEConfig
@@ -323,6 +324,7 @@ class FFTBlock(GradientCheckpointingLayer):
         x = x + self.mixer(self.mixer_norm(x), token_mask)
         return x + self.mlp(self.mlp_norm(x))
 
+# %% ../nbs/02a_models.ipynb #6f1ee43d
 class WFFFTForCausalLM(_WFPreTrained, GenerationMixin):
     "Attention-free LM: token + learned positions (up to 32k), resonance FFT mixers, tied LM head."
     config_class = WFFFTConfig
