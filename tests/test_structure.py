@@ -68,3 +68,14 @@ def test_the_checker_sees_a_back_edge(tmp_path):
     p = tmp_path / 'x.py'
     p.write_text("from .config import A\nimport wf_nb.train as t\ndef f():\n    from wf_nb import stages\n    from . import io\n")
     assert sorted(m for m, _ in wf_imports(p)) == ['config', 'io', 'stages', 'train']
+
+
+def test_exported_cells_are_short():
+    "One exported idea per cell: no exported cell holds more than 60 lines of code (split it, with prose between)."
+    long = []
+    for nb in sorted(NBS.glob('*.ipynb')):
+        for c in json.loads(nb.read_text())['cells']:
+            src = ''.join(c['source']).splitlines()
+            if c['cell_type'] == 'code' and src and src[0].startswith('#| export') and len(src) - 1 > 60:
+                long.append(f"{nb.name} cell {c.get('id')}: {len(src) - 1} lines ({src[1][:60]})")
+    assert not long, "exported cells over 60 lines:\n" + '\n'.join(long)
