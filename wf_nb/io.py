@@ -51,13 +51,18 @@ def read_yaml(path):
 # %% ../nbs/00_io.ipynb #0e0e1a0e
 EXISTS = ('keep', 'replace', 'error')
 
-def atomic_dir(final, write, exists: str = 'error') -> Path:
-    "Run `write(tmp)` on a fresh folder next to `final`, then rename it to `final`; see the table for `exists`."
+def _target(final, exists: str) -> Path:
+    "`final` as a Path, its folder made; refused up front when it exists and `exists='error'`."
     if exists not in EXISTS: raise ValueError(f"exists={exists!r} is not one of {', '.join(EXISTS)}")
     final = Path(final)
     if exists == 'error' and final.exists():
         raise FileExistsError(f"{final} already exists; refusing to overwrite it. Choose another path.")
     final.parent.mkdir(parents=True, exist_ok=True)
+    return final
+
+def atomic_dir(final, write, exists: str = 'error') -> Path:
+    "Run `write(tmp)` on a fresh folder next to `final`, then rename it to `final`; see the table for `exists`."
+    final = _target(final, exists)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.tmp', dir=final.parent))
     try:
         write(tmp)
@@ -74,11 +79,7 @@ def atomic_dir(final, write, exists: str = 'error') -> Path:
 # %% ../nbs/00_io.ipynb #8c8e135e
 def atomic_file(final, write, exists: str = 'replace') -> Path:
     "Run `write(tmp_path)` and rename the file to `final`; `exists` as in `atomic_dir` (`'keep'` keeps the first)."
-    if exists not in EXISTS: raise ValueError(f"exists={exists!r} is not one of {', '.join(EXISTS)}")
-    final = Path(final)
-    if exists == 'error' and final.exists():
-        raise FileExistsError(f"{final} already exists; refusing to overwrite it. Choose another path.")
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final = _target(final, exists)
     fd, tmp = tempfile.mkstemp(prefix=f'.{final.name}.', suffix='.tmp', dir=final.parent); os.close(fd)
     try:
         write(Path(tmp))
