@@ -16,12 +16,13 @@ from .config import QuantConfig, WFConfig, save_yaml
 from .io import atomic_dir, format_table
 import wf_nb.kernels   # registers the fused Triton quantizers (CUDA) with wf_nb.quant
 from transformers.initialization import no_init_weights
-from .quant import BitLinear, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform
+from .quant import BitLinear, FusedSubLN, fuse_subln, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform
 
 # %% auto #0
-__all__ = ['SUBLN_ALLNORM_EPS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config', 'WFQwen3ForCausalLM', 'WFBitNetConfig',
-           'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG', 'ternarize_', 'convert', 'calibrate_sublns',
-           'save_model', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits', 'conversion_report', 'run_stage1']
+__all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config', 'WFQwen3ForCausalLM',
+           'WFBitNetConfig', 'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG', 'ternarize_', 'convert',
+           'calibrate_sublns', 'save_model', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits',
+           'conversion_report', 'run_stage1']
 
 # %% ../nbs/03_convert.ipynb #9ee5e681
 SUBLN_ALLNORM_EPS = 1e-8
@@ -39,7 +40,17 @@ def ternarize_(model: nn.Module, placement: str = 'paper', haar: bool = False, a
             if placement == 'allnorm': eps = SUBLN_ALLNORM_EPS
             elif placement == 'paper' and not bitnet_native and leaf in ('o_proj', 'down_proj'): eps = subln_eps
             layer.set_submodule(name, BitLinear.from_linear(mod, norm_eps=eps, haar=haar, act_bits=act_bits))
+        if bitnet_native: _fuse_bitnet_sublns(layer)
     return model
+
+BITNET_SUBLNS = (('self_attn', 'attn_sub_norm', 'o_proj'), ('mlp', 'ffn_sub_norm', 'down_proj'))
+
+def _fuse_bitnet_sublns(layer: nn.Module):
+    "BitNet's separate sub-norms become `FusedSubLN`s of the BitLinear they feed (computed inside its integer forward)."
+    for sub, norm, lin in BITNET_SUBLNS:
+        parent = getattr(layer, sub)
+        if isinstance(getattr(parent, lin), BitLinear) and not isinstance(getattr(parent, norm), FusedSubLN):
+            setattr(parent, norm, fuse_subln(getattr(parent, norm), getattr(parent, lin)))
 
 # %% ../nbs/03_convert.ipynb #80c1d23b
 def _make_wf_classes(base_cfg, base_model, model_type: str, bitnet_native: bool = False):
@@ -140,7 +151,7 @@ def calibrate_sublns(student: nn.Module, fp_model: nn.Module, ids: torch.Tensor)
     for n, m in bitlinears(student):
         if m.rms_norm is not None and n in fp_lin: targets[n] = (m.rms_norm.weight, n)
     for i, layer in enumerate(getattr(getattr(student, 'model', None), 'layers', [])):   # BitNet-native sub-norms
-        for sub, norm, lin in (('self_attn', 'attn_sub_norm', 'o_proj'), ('mlp', 'ffn_sub_norm', 'down_proj')):
+        for sub, norm, lin in BITNET_SUBLNS:
             w = getattr(getattr(getattr(layer, sub, None), norm, None), 'weight', None)
             if w is not None: targets[f'model.layers.{i}.{sub}.{norm}'] = (w, f'model.layers.{i}.{sub}.{lin}')
     need = {lin for _, lin in targets.values()}

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 # %% auto #0
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'weight_quant_compiled', 'ste_quant', 'lambda_at',
            'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes', 'register_fake_quant',
-           'cached_weight_codes', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'bitlinears',
-           'set_lambda', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
+           'cached_weight_codes', 'shared_act_codes', 'norm_act_codes', 'int_linear', 'transformers_exact', 'RMSNorm',
+           'BitLinear', 'FusedSubLN', 'fuse_subln', 'bitlinears', 'set_lambda', 'quant_state', 'record_quant_state',
+           'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,13 +144,36 @@ def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     mod._wq_cache = (key, q, s)
     return q, s
 
+# %% ../nbs/01_quant.ipynb #ed822a34
+def _act_codes(x2: torch.Tensor, act_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
+    return fused(x2) if fused is not None else act_quant_int(x2, act_bits)
+
+_ACT_MEMO = [None]   # (input tensor, its state, codes, scales) of the last plain integer forward
+
+@torch.no_grad()
+def shared_act_codes(x: torch.Tensor, act_bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    "`act_quant_int` of `x [..., K]` as `[M,K]` codes and `[M,1]` scales, reused while the same unchanged tensor comes back."
+    state = (x._version, act_bits, torch.is_inference_mode_enabled(), BitLinear.use_triton)
+    hit = _ACT_MEMO[0]
+    if hit is not None and hit[0] is x and hit[1] == state: return hit[2], hit[3]
+    xq, xs = _act_codes(x.reshape(-1, x.shape[-1]), act_bits)
+    _ACT_MEMO[0] = (x, state, xq, xs)
+    return xq, xs
+
+@torch.no_grad()
+def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits: int = 8):
+    "Codes and scales of `RMSNorm(x2)` (fp32, not rounded to x2's dtype first), and `r = 1/rms` per row for the backward."
+    xn = x2.to(torch.float32, copy=True)
+    r = torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + eps)
+    xq, xs = _act_codes(xn.mul_(r).mul_(norm_w.float()), act_bits)
+    return xq, xs, r
+
+# %% ../nbs/01_quant.ipynb #4ad29d8c
 class _IntLinear(torch.autograd.Function):
-    "Forward: int8 x ternary GEMM, rescaled. Backward: the STE, in the output dtype, from the saved int8 codes."
+    "Forward: int8 x ternary GEMM of given codes, rescaled. Backward: the STE, in the output dtype, from the int8 codes."
     @staticmethod
-    def forward(ctx, x, w, bias, wq, ws, act_bits, out_dtype):
-        k = x.shape[-1]
-        fused = _ACT_CODES.get(x.device.type) if act_bits == 8 and BitLinear.use_triton else None
-        xq, xs = fused(x.reshape(-1, k)) if fused is not None else act_quant_int(x.reshape(-1, k), act_bits)
+    def forward(ctx, x, w, bias, xq, xs, wq, ws, out_dtype):
         y = int8_mm(xq, wq).float().div_(xs * ws)          # one rounding, from exact int32 sums
         if bias is not None: y += bias.float()
         ctx.save_for_backward(xq, xs, wq, ws)
@@ -165,16 +189,50 @@ class _IntLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]: gx = (g2 @ wq.to(dt)).div_(ws.to(dt)).to(xdt).view(shape)   # g @ Wq
         if ctx.needs_input_grad[1]: gw = ((g2 / xs.to(dt)).t() @ xq.to(dt)).to(wdt)            # g^T @ Xq
         if bdt is not None and ctx.needs_input_grad[2]: gb = g2.sum(0).to(bdt)
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
+
+# %% ../nbs/01_quant.ipynb #c64d3450
+class _NormIntLinear(torch.autograd.Function):
+    "RMSNorm (SubLN) fused into the integer forward; saves the input, one `1/rms` per row and the int8 codes."
+    @staticmethod
+    def forward(ctx, x, norm_w, w, bias, wq, ws, eps, act_bits, out_dtype):
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, xs, r = norm_act_codes(x2, norm_w, eps, act_bits)
+        y = int8_mm(xq, wq).float().div_(xs * ws)
+        if bias is not None: y += bias.float()
+        ctx.save_for_backward(x2, r, norm_w, xq, xs, wq, ws)
+        ctx.meta = (x.shape, w.dtype, None if bias is None else bias.dtype)
+        return y.to(out_dtype).view(*x.shape[:-1], wq.shape[0])
+    @staticmethod
+    def backward(ctx, g):
+        x2, r, norm_w, xq, xs, wq, ws = ctx.saved_tensors
+        shape, wdt, bdt = ctx.meta
+        g2 = g.reshape(-1, g.shape[-1])
+        dt = g2.dtype
+        gx = gn = gw = gb = None
+        if ctx.needs_input_grad[2]: gw = ((g2 / xs.to(dt)).t() @ xq.to(dt)).to(wdt)            # g^T @ Xq
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            g_xn = (g2 @ wq.to(dt)).float().div_(ws)             # gradient at the norm's output (STE)
+            x_hat = x2.float() * r                                # x / rms (never in place: x2 may be fp32)
+            if ctx.needs_input_grad[1]: gn = (g_xn * x_hat).sum(0).to(norm_w.dtype)
+            g_hat = g_xn.mul_(norm_w.float())
+            # d(x * r)/dx: r * (g - x_hat * mean(g * x_hat)), the RMSNorm backward
+            gx = (g_hat - x_hat * (g_hat * x_hat).mean(-1, keepdim=True)).mul_(r).to(x2.dtype).view(shape)
+        if bdt is not None and ctx.needs_input_grad[3]: gb = g2.sum(0).to(bdt)
+        return gx, gn, gw, gb, None, None, None, None, None
 
 # %% ../nbs/01_quant.ipynb #be816bdd
-def int_linear(x: torch.Tensor, mod: nn.Module) -> torch.Tensor:
-    "`F.linear(act_quant(x), weight_quant(W), b)` of a BitLinear at `lam = 1`, as an int8 GEMM (autocast-aware)."
+def int_linear(x: torch.Tensor, mod: nn.Module, norm: nn.Module | None = None) -> torch.Tensor:
+    "`F.linear(act_quant(norm(x)), weight_quant(W), b)` of a BitLinear at `lam = 1` as an int8 GEMM (autocast-aware)."
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     wq, ws = cached_weight_codes(mod)
     with torch.autocast(dev, enabled=False):
-        return _IntLinear.apply(x, mod.weight, mod.bias, wq, ws, mod.act_bits, out_dtype)
+        if norm is not None:
+            return _NormIntLinear.apply(x, norm.weight, mod.weight, mod.bias, wq, ws, norm.variance_epsilon,
+                                        mod.act_bits, out_dtype)
+        xq, xs = shared_act_codes(x, mod.act_bits)
+        return _IntLinear.apply(x, mod.weight, mod.bias, xq, xs, wq, ws, out_dtype)
 
 @contextmanager
 def transformers_exact():
@@ -190,7 +248,8 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.variance_epsilon = eps
-    def forward(self, x):
+    def forward(self, x): return self.normalize(x)
+    def normalize(self, x):
         dt = x.dtype; xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return self.weight * xf.to(dt)
@@ -201,6 +260,7 @@ def _fused_fake_quant(x):
     "The registered fused (weight, act) fake-quantizers for `x`'s device, or None (importing wf_nb.kernels registers Triton's)."
     return _FAKE_QUANT.get(x.device.type) if BitLinear.use_triton else None
 
+# %% ../nbs/01_quant.ipynb #6d5cf9e9
 class BitLinear(nn.Linear):
     "Ternary-weight, int8-activation linear layer (BitNet b1.58) with a straight-through estimator."
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
@@ -208,6 +268,7 @@ class BitLinear(nn.Linear):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.lam, self.act_bits, self.haar = float(lam), int(act_bits), bool(haar)
         self.rms_norm = RMSNorm(in_features, norm_eps, device=device, dtype=dtype) if norm_eps is not None else None
+        self._fused_norm = []   # [FusedSubLN] when the norm before this layer is fused into its integer forward
         if haar:
             self.weight = nn.Parameter(torch.empty(out_features, haar_width(in_features), device=device, dtype=dtype))
             nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -222,11 +283,25 @@ class BitLinear(nn.Linear):
             if lin.bias is not None: m.bias.copy_(lin.bias)
         return m
 
+    def fuses_norm(self) -> bool:
+        "True when the integer forward runs without Haar: the layer's SubLN (own or `FusedSubLN`) is applied inside it."
+        return self.lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward and not self.haar
+
+    def input_norm(self, x: torch.Tensor) -> nn.Module | None:
+        "The SubLN still to apply to `x`: the layer's own, or the `FusedSubLN` that passed exactly `x` through to it."
+        if self.rms_norm is not None: return self.rms_norm
+        f = next(iter(self._fused_norm), None)
+        return f if f is not None and f._handed is x else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fuses_norm():   # int8 GEMM, SubLN inside
+            norm = self.input_norm(x)
+            if self._fused_norm: self._fused_norm[0]._handed = None
+            return int_linear(x, self, norm)
+        lam, w = self.lam, self.weight
         if self.rms_norm is not None: x = self.rms_norm(x)
         if self.haar: x = haar_transform(x)
-        lam, w = self.lam, self.weight
-        if lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward: return int_linear(x, self)   # int8 GEMM
+        if lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward: return int_linear(x, self)   # Haar
         if lam > 0:
             fused = _fused_fake_quant(x) if self.act_bits == 8 else None
             if fused:   # fused Triton quantizers on CUDA (registered by wf_nb.kernels)
@@ -241,6 +316,21 @@ class BitLinear(nn.Linear):
 
 BitLinear.use_triton = os.environ.get('WF_NB_TRITON', '1') != '0'
 BitLinear.int_forward = os.environ.get('WF_NB_INT_FORWARD', '1') != '0'   # False: the fake-quant (transformers) path
+
+# %% ../nbs/01_quant.ipynb #bb92a990
+class FusedSubLN(RMSNorm):
+    "A SubLN feeding one BitLinear: while that layer runs the integer forward, it hands its input over un-normalized."
+    def forward(self, x):
+        if not self._consumer[0].fuses_norm(): return self.normalize(x)
+        self._handed = x   # the layer normalizes exactly this tensor; any other input is taken as it comes
+        return x
+
+def fuse_subln(norm: nn.Module, lin: BitLinear) -> FusedSubLN:
+    "A `FusedSubLN` sharing `norm`'s weight (and eps), wired to `lin`; put it where `norm` was."
+    f = FusedSubLN(norm.weight.shape[0], norm.variance_epsilon, device='meta')
+    f.weight, f._handed = norm.weight, None
+    f._consumer, lin._fused_norm = [lin], [f]   # plain lists: no second registration of either module
+    return f
 
 # %% ../nbs/01_quant.ipynb #7d47eec1
 def bitlinears(model: nn.Module):
@@ -297,7 +387,8 @@ def quant_error_stats(model: nn.Module, inputs=None) -> list[dict]:
         def hook(name):
             def f(m, args):
                 x = args[0]
-                if m.rms_norm is not None: x = m.rms_norm(x)
+                norm = m.input_norm(x)
+                if norm is not None: x = norm.normalize(x)   # the SubLN the layer applies inside
                 if m.haar: x = haar_transform(x)
                 xf = x.float().reshape(-1, x.shape[-1])
                 captured[name] = _rel(act_quant(xf, m.act_bits or 8), xf)
