@@ -11,6 +11,7 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
     python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...] [--repeats 3]
     python tests/benchmarks/bench_train.py --profile wf_bitlinear [--precisions bf16]   # where the time goes
     python tests/benchmarks/bench_train.py --split 4 --precisions bf16   # fp vs wf_nb in one process, fwd / bwd apart
+    python tests/benchmarks/bench_train.py --saved --precisions bf16     # tensor memory at the end of the forward
 
 Arms are interleaved: each of `--repeats` rounds runs every arm once (the order rotated per round), so a ratio to
 `fp` is taken within a round, against the fp run next to it. Prints a table of median tokens/s (wall) and tokens
@@ -19,6 +20,9 @@ at the same precision (median over rounds, and the min-max spread), the process'
 included) and the peak RSS of the training steps alone (counted from after the model is built; Linux only).
 `--profile ARM` runs one arm under torch.profiler and prints the time per layer kind (forward, from module hooks)
 and the top operators (forward and backward).
+`--saved` counts tensor memory where training peaks, at the end of the forward: every storage saved for the backward
+(parameters apart) plus the quantization state a model keeps between steps (wf_nb's weight codes). Unlike RSS, it
+does not depend on what the allocator kept from building the model.
 This is a benchmark, not a test: the machine is shared and noisy, so read the ratios, not the absolutes.
 Run with OMP_NUM_THREADS=1 on a loaded machine so CPU time is not inflated by spinning threads."""
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
@@ -205,6 +209,29 @@ def split(rounds, precision):
     for arm in res:
         print(f"| {arm} | {med(arm, 0):.2f} | {med(arm, 1):.2f} | {med(arm, 2):.2f} | {med('fp', 0) / med(arm, 0):.2f}x |")
 
+def saved(arms, precision):
+    "Tensor memory at the end of one forward: storages saved for the backward (not parameters) + persistent quant state."
+    import torch
+    rows = []
+    for arm in arms:
+        torch.manual_seed(0)
+        model = fp_model()
+        if arm == 'hf_autobitlinear': model = hf_bitnet(model)
+        if arm.startswith('wf_'): model = wf_bitnet(model)
+        storages = {}
+        def pack(t): storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes(); return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'): loss = model(**batches(1)[0]).loss
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        act = sum(n for ptr, n in storages.items() if ptr not in params)
+        state = sum(m._wq_cache[1].nbytes + m._wq_cache[2].nbytes for m in model.modules() if hasattr(m, '_wq_cache'))
+        rows.append((arm, act / 2**20, state / 2**20))
+        del model, loss
+    fp = next((a + s for arm, a, s in rows if arm == 'fp'), None)
+    print(f"\nTensor memory at the end of the forward, {precision}, batch {B} x {S} (MiB)\n")
+    print("| arm | saved for backward | quant state kept between steps | total | vs fp |\n|---|---|---|---|---|")
+    for arm, a, s in rows: print(f"| {arm} | {a:.0f} | {s:.0f} | {a + s:.0f} | {(a + s) / fp:.2f}x |" if fp else f"| {arm} | {a:.0f} | {s:.0f} | {a + s:.0f} | |")
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--steps', type=int, default=6); ap.add_argument('--warmup', type=int, default=2)
@@ -213,7 +240,11 @@ def main():
     ap.add_argument('--one', nargs=2, metavar=('ARM', 'PRECISION'))
     ap.add_argument('--profile', metavar='ARM')
     ap.add_argument('--split', type=int, metavar='ROUNDS', help='fp / wf_bitlinear / wf_fakequant in one process, forward and backward apart')
+    ap.add_argument('--saved', action='store_true', help='tensor memory at the end of the forward, per arm (fp, hf_autobitlinear, wf_bitlinear)')
     a = ap.parse_args()
+    if a.saved:
+        for prec in a.precisions.split(','): saved(['fp', 'hf_autobitlinear', 'wf_bitlinear'], prec)
+        return
     if a.split:
         for prec in a.precisions.split(','): split(a.split, prec)
         return
