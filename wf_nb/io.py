@@ -4,14 +4,25 @@
 
 # %% ../nbs/00_io.ipynb #9dc91cd4
 from __future__ import annotations
-import hashlib, json, os, shutil, tempfile
+import errno, hashlib, json, os, shutil, tempfile
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['EXISTS', 'atomic_write_bytes', 'atomic_write_text', 'write_json', 'read_json', 'write_yaml', 'read_yaml',
-           'atomic_dir', 'atomic_file', 'set_aside', 'sha256_file', 'sha256_files', 'sha256_json', 'format_table']
+__all__ = ['DISK_FULL_BYTES', 'EXISTS', 'disk_full_error', 'atomic_write_bytes', 'atomic_write_text', 'write_json', 'read_json',
+           'write_yaml', 'read_yaml', 'atomic_dir', 'atomic_file', 'set_aside', 'sha256_file', 'sha256_files',
+           'sha256_json', 'format_table']
 
 # %% ../nbs/00_io.ipynb #29be6c7b
+DISK_FULL_BYTES = 64 << 20   # less free space than this when a write fails: the disk was full
+
+def disk_full_error(e: BaseException, folder) -> OSError | None:
+    "An ENOSPC `OSError` naming `folder` when a write failed on a (nearly) full disk, else None; call it before cleaning up."
+    if not isinstance(e, Exception) or (isinstance(e, OSError) and e.errno == errno.ENOSPC): return None
+    try: free = shutil.disk_usage(folder).free   # torch.save / safetensors report a full disk as RuntimeError
+    except OSError: return None
+    if free >= DISK_FULL_BYTES: return None
+    return OSError(errno.ENOSPC, f"No space left on device ({free >> 20} MiB free when the write failed)", str(folder))
+
 def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> Path:
     "Write `data` to `path` through a temporary file in the same directory renamed over it (an existing file is replaced)."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
@@ -21,8 +32,11 @@ def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> Path:
             f.write(data); f.flush()
             if fsync: os.fsync(f.fileno())   # the bytes are on disk before the name points at them
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
+    except BaseException as e:
+        full = disk_full_error(e, path.parent)
+        Path(tmp).unlink(missing_ok=True)
+        if full: raise full from e
+        raise
     return path
 
 def atomic_write_text(path, text: str, fsync: bool = True) -> Path:
@@ -72,8 +86,11 @@ def atomic_dir(final, write, exists: str = 'error') -> Path:
             old = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.old', dir=final.parent))
             os.replace(final, old/'x'); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
         else: raise FileExistsError(f"{final} was created while it was being written; keeping that one. Choose another path.")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
+    except BaseException as e:
+        full = disk_full_error(e, final.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full: raise full from e
+        raise
     return final
 
 # %% ../nbs/00_io.ipynb #8c8e135e
@@ -85,8 +102,11 @@ def atomic_file(final, write, exists: str = 'replace') -> Path:
         write(Path(tmp))
         if exists == 'keep' and final.exists(): Path(tmp).unlink()
         else: os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
+    except BaseException as e:
+        full = disk_full_error(e, final.parent)
+        Path(tmp).unlink(missing_ok=True)
+        if full: raise full from e
+        raise
     return final
 
 def set_aside(path, suffix: str) -> Path:
