@@ -50,7 +50,7 @@ def _fuse_bitnet_sublns(layer: nn.Module):
     for sub, norm, lin in BITNET_SUBLNS:
         parent = getattr(layer, sub)
         if isinstance(getattr(parent, lin), BitLinear) and not isinstance(getattr(parent, norm), FusedSubLN):
-            setattr(parent, norm, fuse_subln(getattr(parent, norm), getattr(parent, lin)))
+            setattr(parent, norm, fuse_subln(getattr(parent, norm), parent, lin))
 
 # %% ../nbs/03_convert.ipynb #80c1d23b
 def _make_wf_classes(base_cfg, base_model, model_type: str, bitnet_native: bool = False):

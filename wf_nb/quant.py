@@ -320,16 +320,23 @@ BitLinear.int_forward = os.environ.get('WF_NB_INT_FORWARD', '1') != '0'   # Fals
 # %% ../nbs/01_quant.ipynb #bb92a990
 class FusedSubLN(RMSNorm):
     "A SubLN feeding one BitLinear: while that layer runs the integer forward, it hands its input over un-normalized."
+    def consumer(self) -> BitLinear | None:
+        "The BitLinear this norm is fused into, if it is still in its place (`pack_model` or a user may swap it)."
+        parent, name = self._consumer
+        lin = getattr(parent, name, None)
+        return lin if isinstance(lin, BitLinear) and next(iter(lin._fused_norm), None) is self else None
+
     def forward(self, x):
-        if not self._consumer[0].fuses_norm(): return self.normalize(x)
+        lin = self.consumer()
+        if lin is None or not lin.fuses_norm(): return self.normalize(x)
         self._handed = x   # the layer normalizes exactly this tensor; any other input is taken as it comes
         return x
 
-def fuse_subln(norm: nn.Module, lin: BitLinear) -> FusedSubLN:
-    "A `FusedSubLN` sharing `norm`'s weight (and eps), wired to `lin`; put it where `norm` was."
+def fuse_subln(norm: nn.Module, parent: nn.Module, name: str) -> FusedSubLN:
+    "A `FusedSubLN` sharing `norm`'s weight (and eps), fused into the BitLinear `parent.<name>`; put it where `norm` was."
     f = FusedSubLN(norm.weight.shape[0], norm.variance_epsilon, device='meta')
     f.weight, f._handed = norm.weight, None
-    f._consumer, lin._fused_norm = [lin], [f]   # plain lists: no second registration of either module
+    f._consumer, getattr(parent, name)._fused_norm = [parent, name], [f]   # plain lists: nothing registered twice
     return f
 
 # %% ../nbs/01_quant.ipynb #7d47eec1
