@@ -38,8 +38,8 @@ class W:
     def inputs(self): return [self.root/n for n in ('corpus', 'shards', 'latin', 'binary', 'mine')] + [self.runs]
 
 @pytest.fixture(scope='module')
-def w(tmp_path_factory):
-    root = tmp_path_factory.mktemp('bad'); w = W(root)
+def w(module_tmp):
+    root = module_tmp('bad'); w = W(root)
     from wf_nb.assets import shakespeare_files
     (root/'corpus').mkdir()
     for f in shakespeare_files()[:3]: (root/'corpus'/f.name).write_text(f.read_text()[:15000])

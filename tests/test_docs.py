@@ -85,8 +85,8 @@ def check_site(site: Path, shots: Path) -> dict:
     return dict(problems=problems, pages=len(pages), facts=facts)
 
 @pytest.fixture(scope='module')
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp('docs') / 'site'
+def site(module_tmp):
+    out = module_tmp('docs') / 'site'
     r = build_site(out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out

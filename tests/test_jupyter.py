@@ -9,10 +9,10 @@ from conftest import ROOT, bin_path
 TINY = ['data.seq_len=32', 'training.batch_size=2', 'logging.interval=1', 'training.lr=3e-3', 'logging.progress=false']
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+def runs(module_tmp):
     "One runs folder for the module, with the tiny model's Stage 1 made once (every Stage 2 below starts from it)."
     import wf_nb.jupyter as J
-    d = tmp_path_factory.mktemp('jupyter')/'runs'
+    d = module_tmp('jupyter')/'runs'
     with contextlib.redirect_stdout(io.StringIO()): J.train('tiny_llama', 1, overrides=TINY, detach=False, runs_dir=d)
     return d
 

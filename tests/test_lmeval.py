@@ -7,13 +7,13 @@ pytest.importorskip('lm_eval')
 OFFLINE = {'HF_HUB_OFFLINE': '1', 'HF_DATASETS_OFFLINE': '1', 'OMP_NUM_THREADS': '2', 'WANDB_MODE': 'disabled'}
 
 @pytest.fixture(scope='module')
-def ckpt(tmp_path_factory):
+def ckpt(module_tmp):
     from wf_nb.config import get_config
     from wf_nb.assets import load_fp_model, load_tokenizer
     import torch
     torch.manual_seed(0)
     mc = get_config(model='tiny_llama').model
-    d = tmp_path_factory.mktemp('ckpt') / 'tiny'
+    d = module_tmp('ckpt') / 'tiny'
     load_fp_model(mc).save_pretrained(d); load_tokenizer(mc).save_pretrained(d)
     return d
 

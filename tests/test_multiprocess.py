@@ -60,8 +60,8 @@ def assert_close(a: dict, b: dict, tol=TOL):
     assert not bad, f"losses differ at steps {bad}"
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
-    d = tmp_path_factory.mktemp('mp')
+def runs(module_tmp):
+    d = module_tmp('mp')
     out = {}
     out['one'] = run([sys.executable, str(SCRIPT)], d/'one', 4)[1]                 # 1 process, batch 4
     out['two'] = run(accelerate_cmd(2), d/'two', 2)[1]                             # 2 processes, batch 2 each

@@ -48,8 +48,8 @@ def test_parameters_documented_and_clean(name, params, tmp_path):
     assert json.loads(cp.read_text()) == nb, f'papermill_runs/{name}.ipynb is not clean: run nbdev_clean --fname on it'
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-    d = tmp_path_factory.mktemp('pm')
+def trained(module_tmp):
+    d = module_tmp('pm')
     from wf_nb.assets import shakespeare_files
     text = Path(shakespeare_files()[0]).read_text()[:56000]
     (d/'docs').mkdir()
