@@ -4,7 +4,7 @@
 
 # %% ../nbs/10b_ablate.ipynb #bad2d786
 from __future__ import annotations
-import json, math, os, shlex, statistics, sys, time
+import json, math, os, statistics, time
 from pathlib import Path
 import torch
 from .config import get_config, fingerprint, git_info

@@ -237,7 +237,7 @@ def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokeni
              stride: int | None = None, batch_size: int = 4, max_tokens: int | None = None, limit: int | None = None,
              max_len: int = 1024, calibrate: bool = False, log=print) -> dict:
     "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task` (`calibrate`: also content-free calibrated); table + JSON."
-    from wf_nb.tasks import load_task, task_accuracy, ClassificationTask
+    from wf_nb.tasks import task_accuracy, ClassificationTask
     if data is None and mc is None and task is None:
         raise ValueError("evaluate: nothing to do; give data=HELD_OUT_TEXT_OR_SHARDS, mc=CHOICES.jsonl and/or task=TASK")
     t0 = time.time()

@@ -8,8 +8,8 @@ import copy, json, shutil, tempfile, time, warnings
 from pathlib import Path
 import torch, torch.nn as nn
 from safetensors.torch import save_file, load_file
-from .kernels import PackedBitLinear, weight_codes, bench
-from .quant import BitLinear, unpack_ternary
+from .kernels import PackedBitLinear
+from .quant import BitLinear
 from .io import atomic_dir, atomic_file
 
 # %% auto #0

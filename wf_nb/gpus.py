@@ -4,7 +4,7 @@
 
 # %% ../nbs/06d_gpus.ipynb #11bc4a04
 from __future__ import annotations
-import json, os, re, sys, threading, time
+import json, os, re, threading, time
 from pathlib import Path
 from typing import Callable
 

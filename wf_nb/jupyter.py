@@ -130,7 +130,7 @@ def _resolve(model, stage, scale, overrides):
 
 def _check_existing(run: Run):
     "Refuse as `wf train` would: a COMPLETED run (nothing to do) or one another process is training (its lock is held)."
-    m = run.meta(); st = run.status
+    st = run.status
     if st == 'COMPLETED':
         raise RunExistsError(f"run {run.id} already COMPLETED (output: {run_output(run)}); nothing to do. "
                              f"Use skip_recovery=True to train a fresh run, or change the config.", run, st)

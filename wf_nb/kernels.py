@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_kernels.ipynb #f118a78d
 from __future__ import annotations
-import math, os, time
+import os, time
 import torch, torch.nn as nn, torch.nn.functional as F
 try:
     import triton, triton.language as tl

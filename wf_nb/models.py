@@ -13,7 +13,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, GenerationMixin, Pre
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from .losses import lm_loss
-from .config import ModelConfig, PRESETS, get_config
+from .config import ModelConfig, get_config
 from .assets import load_fp_model, hf_config
 from .quant import BitLinear, ste_quant, act_quant
 

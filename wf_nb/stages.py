@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 import torch
-from .config import WFConfig, get_config, save_yaml
+from .config import WFConfig, get_config
 from .runs import (Run, open_run, finish_run, find_runs, RunExistsError, default_runs_dir, run_output, portable_path,
                          lineage_of, lineage_parent)
 from .train import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp
@@ -195,7 +195,7 @@ def _stage3_teacher(cfg, run, acc):
 def _kd_teacher(cfg, run, acc):
     "KD mid-training: the teacher `distill.teacher` names (required)."
     if not cfg.distill.teacher:
-        raise ValueError(f"KD mid-training needs a teacher: distill.teacher=PRESET_OR_DIR (e.g. distill.teacher=smollm2_135m)")
+        raise ValueError("KD mid-training needs a teacher: distill.teacher=PRESET_OR_DIR (e.g. distill.teacher=smollm2_135m)")
     return _teacher(cfg, cfg.distill.teacher)
 
 # %% ../nbs/07_stages.ipynb #048cfc0c

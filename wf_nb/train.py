@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools, json, math, os, random, re, resource, shutil, signal, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 import numpy as np
 import torch
 from torch import nn
