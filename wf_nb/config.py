@@ -11,7 +11,7 @@ import yaml
 from .io import atomic_write_text
 
 # %% auto #0
-__all__ = ['GROUPS', 'PRESETS', 'STAGES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE', 'ModelConfig',
+__all__ = ['GROUPS', 'PRESETS', 'STAGE_NAMES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE', 'ModelConfig',
            'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig', 'DistributedConfig',
            'WFConfig', 'register_preset', 'ConfigError', 'apply_override', 'normalize_stage', 'check_ranges',
            'default_precision', 'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info',
@@ -262,7 +262,7 @@ def apply_override(cfg: WFConfig, override: str) -> WFConfig:
     return cfg
 
 # %% ../nbs/00a_config.ipynb #27a71c86
-STAGES = ('1', '1.9', '2', '3', 'sft', 'kd', 'pretrain')
+STAGE_NAMES = ('1', '1.9', '2', '3', 'sft', 'kd', 'pretrain')
 
 def normalize_stage(s) -> str:
     "Canonical stage name: `1.90` -> `1.9`, `2.0` -> `2`; anything else is an error listing the stages."
@@ -271,7 +271,7 @@ def normalize_stage(s) -> str:
         f = float(s)
         s = str(int(f)) if f.is_integer() else str(f)
     except ValueError: pass
-    if s not in STAGES: raise ConfigError(f"unknown stage {s!r}. Stages: {', '.join(STAGES)}.{_suggest(s, STAGES)}")
+    if s not in STAGE_NAMES: raise ConfigError(f"unknown stage {s!r}. Stages: {', '.join(STAGE_NAMES)}.{_suggest(s, STAGE_NAMES)}")
     return s
 
 # %% ../nbs/00a_config.ipynb #a13f0c01
