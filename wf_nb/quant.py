@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'weight_quant_compiled', 'ste_quant', 'lambda_at',
-           'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes', 'register_fake_quant',
+           'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes', 'register_fake_quant', 'weight_codes',
            'cached_weight_codes', 'shared_act_codes', 'norm_act_codes', 'int_linear', 'transformers_exact', 'RMSNorm',
            'BitLinear', 'FusedSubLN', 'fuse_subln', 'bitlinears', 'set_lambda', 'quant_state', 'record_quant_state',
            'pack_ternary', 'unpack_ternary', 'quant_error_stats']
@@ -133,6 +133,23 @@ def register_fake_quant(device_type: str, weight_fn, act_fn):
     "Use `weight_fn`/`act_fn` for BitLinear's fake-quant forward (8-bit activations) on `device_type` (wf_nb.kernels on CUDA)."
     _FAKE_QUANT[device_type] = (weight_fn, act_fn)
 
+import threading
+_SCRATCH = threading.local()   # per thread: device -> a flat fp32 buffer for the quantizers' intermediate values
+
+def _scratch(shape, device) -> torch.Tensor:
+    "A reused fp32 buffer of `shape`. On CPU a fresh multi-MB tensor costs page faults that dwarf the arithmetic (~7x here)."
+    bufs = _SCRATCH.__dict__.setdefault('bufs', {})
+    n, buf = math.prod(shape), bufs.get(device)
+    if buf is None or buf.numel() < n:
+        with torch.inference_mode(False): buf = bufs[device] = torch.empty(n, device=device)
+    return buf[:n].view(shape)
+
+def weight_codes(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    "`weight_quant_int(w)`, the same codes and scale bit for bit, with its fp32 intermediates in one reused buffer."
+    b = _scratch(w.shape, w.device)
+    s = 1.0 / b.copy_(w).abs_().mean().clamp(min=eps)
+    return b.copy_(w).mul_(s).round_().clamp_(-1, 1).to(torch.int8), s
+
 def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     "`weight_quant_int(mod.weight)`, computed once per optimizer step (cached on `mod`, keyed by storage, version, step)."
     w = mod.weight
@@ -140,14 +157,21 @@ def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     hit = getattr(mod, '_wq_cache', None)
     if hit is not None and hit[0] == key and not (hit[1].is_inference() and not torch.is_inference_mode_enabled()):
         return hit[1], hit[2]
-    with torch.no_grad(): q, s = weight_quant_int(w)
+    with torch.no_grad(): q, s = weight_codes(w)
     mod._wq_cache = (key, q, s)
     return q, s
 
 # %% ../nbs/01_quant.ipynb #ed822a34
+def _act_codes_(xf: torch.Tensor, bits: int, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    "`act_quant_int(xf, bits)` (same codes and scales) computed in place in the fp32 `xf`, which it overwrites."
+    qn, qp = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    lo, hi = torch.aminmax(xf, dim=-1, keepdim=True)          # max|x| = max(hi, -lo), without an |x| temporary
+    s = qp / torch.maximum(hi, lo.neg_()).clamp_(min=eps)
+    return xf.mul_(s).round_().clamp_(qn, qp).to(torch.int8 if bits <= 8 else torch.int32), s
+
 def _act_codes(x2: torch.Tensor, act_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
-    return fused(x2) if fused is not None else act_quant_int(x2, act_bits)
+    return fused(x2) if fused is not None else _act_codes_(_scratch(x2.shape, x2.device).copy_(x2), act_bits)
 
 _ACT_MEMO = [None]   # (input tensor, its state, codes, scales) of the last plain integer forward
 
@@ -164,9 +188,11 @@ def shared_act_codes(x: torch.Tensor, act_bits: int = 8) -> tuple[torch.Tensor, 
 @torch.no_grad()
 def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits: int = 8):
     "Codes and scales of `RMSNorm(x2)` (fp32, not rounded to x2's dtype first), and `r = 1/rms` per row for the backward."
-    xn = x2.to(torch.float32, copy=True)
+    xn = _scratch(x2.shape, x2.device).copy_(x2)
     r = torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + eps)
-    xq, xs = _act_codes(xn.mul_(r).mul_(norm_w.float()), act_bits)
+    xn.mul_(r).mul_(norm_w.float())
+    fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
+    xq, xs = fused(xn) if fused is not None else _act_codes_(xn, act_bits)
     return xq, xs, r
 
 # %% ../nbs/01_quant.ipynb #4ad29d8c
