@@ -165,7 +165,7 @@ def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 def _act_codes_(xf: torch.Tensor, bits: int, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     "`act_quant_int(xf, bits)` (same codes and scales) computed in place in the fp32 `xf`, which it overwrites."
     qn, qp = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    lo, hi = torch.aminmax(xf, dim=-1, keepdim=True)          # max|x| = max(hi, -lo), without an |x| temporary
+    hi, lo = xf.amax(-1, keepdim=True), xf.amin(-1, keepdim=True)   # max|x| = max(hi, -lo), without an |x| temporary (aminmax is 10x slower)
     s = qp / torch.maximum(hi, lo.neg_()).clamp_(min=eps)
     return xf.mul_(s).round_().clamp_(qn, qp).to(torch.int8 if bits <= 8 else torch.int32), s
 

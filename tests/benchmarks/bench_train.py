@@ -80,9 +80,9 @@ def wf_bitnet(model):
     from wf_nb.config import get_config
     return convert(model, get_config().quant).train()
 
-def plain_loop(model, data, precision, warmup):
+def plain_loop(model, data, precision, warmup, opt=None):
     import torch
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     times = []
     for i, b in enumerate(data):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -163,7 +163,8 @@ def profile(arm, precision, steps, warmup):
     if arm.startswith('wf_'): model = wf_bitnet(model)
     if arm == 'wf_fakequant':
         from wf_nb.quant import BitLinear; BitLinear.int_forward = False
-    plain_loop(model, data[:warmup], precision, warmup)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    plain_loop(model, data[:warmup], precision, warmup, opt)   # one optimizer: its state is made in the warm-up, not profiled
     open_ = {}
     def pre(name):
         def f(m, a): open_[name] = record_function(f'fwd::{layer_kind(name)}'); open_[name].__enter__()
@@ -174,7 +175,7 @@ def profile(arm, precision, steps, warmup):
     for n, m in model.named_modules():
         if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
     with tprofile(activities=[ProfilerActivity.CPU]) as prof:
-        plain_loop(model, data[warmup:], precision, 0)
+        plain_loop(model, data[warmup:], precision, 0, opt)
     ev = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ev) / 1e3
     print(f"\n{arm} / {precision}: one training step, {total:.0f} ms CPU in all\n")
