@@ -24,7 +24,7 @@ PROTOCOLS = {   # protocol -> model per ablation, steps per stage, shared overri
     'gpu': dict(model={'haar': 'smollm2_135m', 'saliency': 'qwen3_4b'},
                 steps={'haar': {'1.9': 2000, '2': 1000}, 'saliency': {'1.9': 500, '2': 1000}},
                 overrides=['training.batch_size=8', 'data.seq_len=1024', 'training.precision=bf16', 'logging.interval=10'], eval_tokens=262_144),
-    'cpu': dict(model='smollm2_135m', steps={'1.9': 80, '2': 120},
+    'cpu': dict(model='smollm2_135m', steps={'1.9': 40, '2': 60},
                 overrides=['training.batch_size=4', 'data.seq_len=128', 'training.precision=bf16', 'logging.interval=2',
                            'training.save_interval=50'], eval_tokens=16_384),
     'tiny': dict(model='tiny_llama', steps={'1.9': 3, '2': 3},
