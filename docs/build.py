@@ -266,12 +266,12 @@ def report_pages(log=print) -> list[dict]:
             text = p.read_text(); m = re.search(r'^#\s+(.+)$', text, re.M)
             body = render_md(text if m else f'# {rel.stem}\n\n{text}'); title = m[1] if m else rel.stem
         else:
-            nb = json.loads(p.read_text())
+            import nbformat
+            nb = nbformat.reads(p.read_text(), as_version=4)   # joins list-of-lines sources, as nbconvert expects strings
             for c in nb['cells']: c.setdefault('metadata', {})
             title = next((m[1] for c in nb['cells'] if c['cell_type'] == 'markdown'
                           for m in [re.search(r'^#\s+(.+)$', ''.join(c['source']), re.M)] if m), rel.stem)
-            import nbformat
-            body = _exporter().from_notebook_node(nbformat.from_dict(nb))[0]
+            body = _exporter().from_notebook_node(nb)[0]
             if not re.search(r'<h1', body): body = f'<h1>{html.escape(title)}</h1>' + body
         pages.append(dict(name=name, title=title, summary=str(rel), body=body, group='Reports'))
     benches = sorted((ROOT / 'tests' / 'benchmarks').glob('*.py'))

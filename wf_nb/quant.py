@@ -144,6 +144,7 @@ def _scratch(shape, device) -> torch.Tensor:
         with torch.inference_mode(False): buf = bufs[device] = torch.empty(n, device=device)
     return buf[:n].view(shape)
 
+# %% ../nbs/01_quant.ipynb #d12de0ad
 def _ternary_codes(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (w.float() * s).round().clamp(-1, 1).to(torch.int8)
 
