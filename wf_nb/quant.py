@@ -11,11 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'weight_quant_compiled', 'ste_quant', 'lambda_at',
-           'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes', 'register_fake_quant', 'weight_codes',
-           'cached_weight_codes', 'shared_act_codes', 'norm_act_codes', 'int_linear', 'transformers_exact', 'RMSNorm',
-           'BitLinear', 'FusedSubLN', 'fuse_subln', 'bitlinears', 'set_lambda', 'quant_state', 'record_quant_state',
-           'pack_ternary', 'unpack_ternary', 'quant_error_stats']
+__all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'CompiledOrEager', 'weight_quant_compiled',
+           'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes',
+           'register_fake_quant', 'weight_codes', 'cached_weight_codes', 'shared_act_codes', 'norm_act_codes',
+           'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN', 'fuse_subln', 'bitlinears',
+           'set_lambda', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,20 +53,24 @@ def _wq_transformers(weight):
     weight = (weight * scale).round().clamp(-1, 1) / scale
     return weight.to(dtype)
 
-_WQ_COMPILED = None
+class CompiledOrEager:
+    "Calls `fn` under `torch.compile` (compiled at the first call; off with WF_NB_COMPILE_QUANT=0), else `eager`."
+    def __init__(self, fn, eager, **compile_kw): self.fn, self.eager, self.kw, self.compiled = fn, eager, compile_kw, None
+    def __call__(self, t: torch.Tensor, *args):
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, **self.kw) if os.environ.get('WF_NB_COMPILE_QUANT', '1') != '0' else False
+        if self.compiled is not False and t.device.type != 'meta':
+            try: return self.compiled(t, *args)
+            except Exception as e:  # no compiler toolchain, unsupported tensor subclass, ...
+                import warnings; warnings.warn(f"wf_nb: torch.compile of {self.fn.__name__} failed ({type(e).__name__}); using eager")
+                self.compiled = False
+        return self.eager(t, *args)
+
+_WQ = CompiledOrEager(_wq_transformers, weight_quant)
 
 def weight_quant_compiled(w: torch.Tensor) -> torch.Tensor:
     "`weight_quant` under `torch.compile` (bit-identical to transformers' `WeightQuant`); eager fallback."
-    global _WQ_COMPILED
-    if _WQ_COMPILED is None:
-        import os
-        _WQ_COMPILED = torch.compile(_wq_transformers) if os.environ.get('WF_NB_COMPILE_QUANT', '1') != '0' else False
-    if _WQ_COMPILED is not False and w.device.type != 'meta':
-        try: return _WQ_COMPILED(w)
-        except Exception as e:  # no compiler toolchain, unsupported tensor subclass, ...
-            import warnings; warnings.warn(f"wf_nb: torch.compile of the weight quantizer failed ({type(e).__name__}); using eager")
-            _WQ_COMPILED = False
-    return weight_quant(w)
+    return _WQ(w)
 
 # %% ../nbs/01_quant.ipynb #0f9397fb
 class _STE(torch.autograd.Function):
@@ -148,24 +152,17 @@ def _scratch(shape, device) -> torch.Tensor:
 def _ternary_codes(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (w.float() * s).round().clamp(-1, 1).to(torch.int8)
 
-_CODES_COMPILED = [None]   # torch.compile of `_ternary_codes`, False when off (WF_NB_COMPILE_QUANT=0) or it failed
+def _ternary_codes_eager(w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return _scratch(w.shape, w.device).copy_(w).mul_(s).round_().clamp_(-1, 1).to(torch.int8)
 
-def _compiled_codes():
-    if _CODES_COMPILED[0] is None:
-        _CODES_COMPILED[0] = torch.compile(_ternary_codes, dynamic=True) if os.environ.get('WF_NB_COMPILE_QUANT', '1') != '0' else False
-    return _CODES_COMPILED[0]
+# one read of w, one int8 write (eager: five passes over an fp32 copy, ~3x the time per step)
+_TERNARY = CompiledOrEager(_ternary_codes, _ternary_codes_eager, dynamic=True)
 
 def weight_codes(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     "`weight_quant_int(w)`, the same codes and scale bit for bit: the mean in eager order, then one compiled pass to int8."
     b = _scratch(w.shape, w.device)
     s = 1.0 / b.copy_(w).abs_().mean().clamp(min=eps)
-    fn = _compiled_codes() if w.device.type != 'meta' else False
-    if fn:   # one read of w, one int8 write (eager: five passes over an fp32 copy, ~3x the time per step)
-        try: return fn(w, s), s
-        except Exception as e:   # no compiler toolchain, ...
-            import warnings; warnings.warn(f"wf_nb: torch.compile of the weight codes failed ({type(e).__name__}); using eager")
-            _CODES_COMPILED[0] = False
-    return b.copy_(w).mul_(s).round_().clamp_(-1, 1).to(torch.int8), s
+    return _TERNARY(w, s), s
 
 def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     "`weight_quant_int(mod.weight)`, computed once per optimizer step (cached on `mod`, keyed by storage, version, step)."
