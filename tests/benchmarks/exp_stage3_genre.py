@@ -12,7 +12,7 @@ training) with `wf_nb.tasks.task_accuracy` (label-token log-likelihood, accuracy
 Completed runs with the same config in --runs-dir are reused (not retrained), so a rerun only evaluates.
 """
 from __future__ import annotations
-import argparse, json, os, subprocess, sys, time
+import argparse, json, os, subprocess, time
 from pathlib import Path
 
 MODEL, TASK = 'smollm2_135m', 'shakespeare_genre'
@@ -71,6 +71,38 @@ def metric_rows(run):
     return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
 
 
+def linear_probe(model, tok, train, test, seq_len) -> dict:
+    """Test accuracy of a logistic regression on the frozen model's last-layer states (the prompt's last position, and
+    the mean over its tokens), fit on training-play passages: does the representation carry the genre at all?"""
+    import torch, torch.nn.functional as F
+    from wf_nb.tasks import GENRE_TASK, encode_classification
+
+    def feats(rows):
+        last, mean = [], []
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            for e in rows:
+                ids = encode_classification(tok, e['text'], GENRE_TASK.labels[0], GENRE_TASK, seq_len, eos=False)['input_ids'][:-1]
+                h = model(input_ids=torch.tensor([ids]), use_cache=False, output_hidden_states=True).hidden_states[-1][0].float()
+                last.append(h[-1]); mean.append(h.mean(0))
+        return {'last': torch.stack(last), 'mean': torch.stack(mean)}
+
+    def fit_score(Xtr, ytr, Xte, yte, wd=1e-2):
+        mu, sd = Xtr.mean(0), Xtr.std(0) + 1e-6
+        Xtr, Xte = (Xtr - mu) / sd, (Xte - mu) / sd
+        W = torch.zeros(Xtr.shape[1], len(GENRE_TASK.labels), requires_grad=True)
+        b = torch.zeros(len(GENRE_TASK.labels), requires_grad=True)
+        opt = torch.optim.LBFGS([W, b], max_iter=200)
+        def closure():
+            opt.zero_grad(); l = F.cross_entropy(Xtr @ W + b, ytr) + wd * W.pow(2).sum(); l.backward(); return l
+        opt.step(closure)
+        return ((Xte @ W + b).argmax(-1) == yte).float().mean().item()
+
+    model.eval()
+    y = lambda rows: torch.tensor([GENRE_TASK.labels.index(e['label']) for e in rows])
+    ftr, fte = feats(train), feats(test)
+    return {k: fit_score(ftr[k], y(train), fte[k], y(test)) for k in ftr}
+
+
 def summary(results) -> str:
     "Mean +- std over seeds per arm, and BitDistill (d) against direct ternary SFT (c): paired difference and gap closed."
     import statistics as st
@@ -120,6 +152,8 @@ def main(argv=None):
     ap.add_argument('--stage3', nargs='*', default=[], metavar='KEY=VALUE',
                     help='extra dotted overrides of the Stage-3 arm (d), e.g. distill.gamma_attn=0 (a sweep point)')
     ap.add_argument('--arms', default='bcde', help='which trained arms to run (letters of b, c, d, e); default all')
+    ap.add_argument('--linear-probe', type=int, default=0, metavar='N',
+                    help='also fit a linear probe on the frozen states of FP, Stage 1 and --start (N training passages per genre)')
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama for a quick smoke test of this script)')
     a = ap.parse_args(argv)
     MODEL = a.model
@@ -140,7 +174,7 @@ def main(argv=None):
               f'data.seq_len={a.seq_len}', f'training.precision={a.precision}', 'logging.interval=1',
               f'training.save_interval={a.steps}', f'training.warmup_steps={a.warmup}', 'logging.progress=false']
     rd = ['--runs-dir', a.runs_dir]
-    results, notes = [], {}
+    results = []
     cur_seed = [None]   # the seed of the arm being evaluated (None: untrained models)
 
     cache = json.loads(Path(a.eval_cache).read_text()) if a.eval_cache and Path(a.eval_cache).exists() else {}
@@ -182,6 +216,16 @@ def main(argv=None):
                  key=str(s1_out))
         if a.start: evaluate('(s2) ternary, Stages 1.9 + 2', lambda: wf_nb.load(start), 0, 'the pipeline output, no task training',
                              key=str(start))
+
+    if a.linear_probe:
+        train = shakespeare_genre('train', n_per_genre=a.linear_probe)
+        probes = [('FP', lambda: load_fp_model(mc, seed=0)), ('Stage 1', lambda: wf_nb.load(s1_out))]
+        if a.start: probes.append(('Stages 1.9 + 2', lambda: wf_nb.load(start)))
+        log(f"\n| frozen model | linear probe, last position | linear probe, mean over tokens |  (fit on {len(train)} "
+            f"training-play passages, scored on the {len(test)} test passages)\n|---|---|---|")
+        for name, load in probes:
+            r = linear_probe(load(), tok, train, test, a.seq_len)
+            log(f"| {name} | {r['last']:.3f} | {r['mean']:.3f} |")
 
     def arm(name, stage, extra, note, steps=None, **match):
         lr, steps = extra[0], steps or a.steps
