@@ -14,8 +14,9 @@ import torch.nn.functional as F
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'CompiledOrEager', 'weight_quant_compiled',
            'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes',
            'register_fake_quant', 'weight_codes', 'cached_weight_codes', 'shared_act_codes', 'norm_act_codes',
-           'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN', 'fuse_subln', 'bitlinears',
-           'set_lambda', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
+           'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN', 'fuse_subln',
+           'bitlinears', 'set_lambda', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary',
+           'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,14 +117,14 @@ _OPT_STEPS = [0]   # bumped after every optimizer step: fused optimizers update 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 register_optimizer_step_post_hook(lambda opt, args, kwargs: _OPT_STEPS.__setitem__(0, _OPT_STEPS[0] + 1))
 
-def int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    "`a [M,K] int8 @ b [N,K].T` -> int32 `[M,N]`, exact (`torch._int_mm`; on CUDA padded to its shape rules)."
+def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    "`a [M,K] int8 @ b [N,K].T` -> int32 `[M,N]` (into `out` on CPU), exact (`torch._int_mm`; on CUDA padded to its shape rules)."
     if a.shape[0] == 0: return a.new_zeros((0, b.shape[0]), dtype=torch.int32)
     if a.is_cuda:   # cuBLAS int8: M > 16 and K, N multiples of 8
         m, k, n = a.shape[0], a.shape[1], b.shape[0]
         pm, pk, pn = max(17 - m, 0), -k % 8, -n % 8
         if pm or pk or pn: return torch._int_mm(F.pad(a, (0, pk, 0, pm)), F.pad(b, (0, pk, 0, pn)).t())[:m, :n]
-    return torch._int_mm(a, b.t())
+    return torch._int_mm(a, b.t()) if out is None else torch._int_mm(a, b.t(), out=out)
 
 _ACT_CODES = {}   # device type -> fused per-token int8 quantizer `x [M,K] -> (codes, scales [M,1])`
 
@@ -138,14 +139,14 @@ def register_fake_quant(device_type: str, weight_fn, act_fn):
     _FAKE_QUANT[device_type] = (weight_fn, act_fn)
 
 import threading
-_SCRATCH = threading.local()   # per thread: device -> a flat fp32 buffer for the quantizers' intermediate values
+_SCRATCH = threading.local()   # per thread: (device, dtype) -> a flat buffer for intermediate values (quantizers, int32 sums)
 
-def _scratch(shape, device) -> torch.Tensor:
-    "A reused fp32 buffer of `shape`. On CPU a fresh multi-MB tensor costs page faults that dwarf the arithmetic (~7x here)."
+def _scratch(shape, device, dtype=torch.float32) -> torch.Tensor:
+    "A reused buffer of `shape` (one per thread, device and dtype). On CPU a fresh multi-MB tensor costs page faults that dwarf the arithmetic (~7x here)."
     bufs = _SCRATCH.__dict__.setdefault('bufs', {})
-    n, buf = math.prod(shape), bufs.get(device)
+    n, buf = math.prod(shape), bufs.get((device, dtype))
     if buf is None or buf.numel() < n:
-        with torch.inference_mode(False): buf = bufs[device] = torch.empty(n, device=device)
+        with torch.inference_mode(False): buf = bufs[(device, dtype)] = torch.empty(n, device=device, dtype=dtype)
     return buf[:n].view(shape)
 
 # %% ../nbs/01_quant.ipynb #d12de0ad
@@ -183,9 +184,15 @@ def _act_codes_(xf: torch.Tensor, bits: int, eps: float = 1e-5) -> tuple[torch.T
     s = qp / torch.maximum(hi, lo.neg_()).clamp_(min=eps)
     return xf.mul_(s).round_().clamp_(qn, qp).to(torch.int8 if bits <= 8 else torch.int32), s
 
+def _act_codes_eager(x2: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _act_codes_(_scratch(x2.shape, x2.device).copy_(x2), bits)
+
+# one read of x2, one int8 write (eager: a copy and six passes over fp32); the same codes and scales bit for bit
+_ACT_Q = CompiledOrEager(act_quant_int, _act_codes_eager, dynamic=True)
+
 def _act_codes(x2: torch.Tensor, act_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
-    return fused(x2) if fused is not None else _act_codes_(_scratch(x2.shape, x2.device).copy_(x2), act_bits)
+    return fused(x2) if fused is not None else _ACT_Q(x2, act_bits)
 
 _ACT_MEMO = [None]   # (input tensor, its state, codes, scales) of the last plain integer forward
 
@@ -199,26 +206,46 @@ def shared_act_codes(x: torch.Tensor, act_bits: int = 8) -> tuple[torch.Tensor, 
     _ACT_MEMO[0] = (x, state, xq, xs)
     return xq, xs
 
-@torch.no_grad()
-def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits: int = 8):
-    "Codes and scales of `RMSNorm(x2)` (fp32, not rounded to x2's dtype first), and `r = 1/rms` per row for the backward."
+def _norm_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, bits: int):
+    xf = x2.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return *act_quant_int(xf * r * norm_w.float(), bits), r
+
+def _norm_codes_eager(x2, norm_w, eps: float, bits: int, fused=None):
     xn = _scratch(x2.shape, x2.device).copy_(x2)
     r = torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + eps)
     xn.mul_(r).mul_(norm_w.float())
+    return *(fused(xn) if fused is not None else _act_codes_(xn, bits)), r
+
+# one read of x2 and one int8 write, instead of ~10 eager passes (the mean may round differently in its last bit)
+_NORM_Q = CompiledOrEager(_norm_codes, _norm_codes_eager, dynamic=True)
+
+@torch.no_grad()
+def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits: int = 8):
+    "Codes and scales of `RMSNorm(x2)` (fp32, not rounded to x2's dtype first), and `r = 1/rms` per row for the backward."
     fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
-    xq, xs = fused(xn) if fused is not None else _act_codes_(xn, act_bits)
-    return xq, xs, r
+    if fused is not None: return _norm_codes_eager(x2, norm_w, eps, act_bits, fused)
+    return _NORM_Q(x2, norm_w, eps, act_bits)
+
 
 # %% ../nbs/01_quant.ipynb #4ad29d8c
+def int_rescale(xq, xs, wq, ws, bias, out_dtype) -> torch.Tensor:
+    "`(Xq @ Wq^T) / (xs * ws) + bias` as a new `[M, N]` tensor of `out_dtype`: one rounding, from the exact int32 sums."
+    M, N, dev = xq.shape[0], wq.shape[0], xq.device
+    on_cpu = dev.type == 'cpu'   # the int32 sums and their fp32 rescale go to reused buffers: only the output is new
+    acc = int8_mm(xq, wq, out=_scratch((M, N), dev, torch.int32) if on_cpu else None)
+    y = (_scratch((M, N), dev).copy_(acc) if on_cpu else acc.float()).div_(xs * ws)
+    if bias is not None: y += bias.float()
+    return y.to(out_dtype, copy=True)
+
 class _IntLinear(torch.autograd.Function):
     "Forward: int8 x ternary GEMM of given codes, rescaled. Backward: the STE, in the output dtype, from the int8 codes."
     @staticmethod
     def forward(ctx, x, w, bias, xq, xs, wq, ws, out_dtype):
-        y = int8_mm(xq, wq).float().div_(xs * ws)          # one rounding, from exact int32 sums
-        if bias is not None: y += bias.float()
+        y = int_rescale(xq, xs, wq, ws, bias, out_dtype)
         ctx.save_for_backward(xq, xs, wq, ws)
         ctx.meta = (x.shape, x.dtype, w.dtype, None if bias is None else bias.dtype)
-        return y.to(out_dtype).view(*x.shape[:-1], wq.shape[0])
+        return y.view(*x.shape[:-1], wq.shape[0])
     @staticmethod
     def backward(ctx, g):
         xq, xs, wq, ws = ctx.saved_tensors
@@ -232,17 +259,28 @@ class _IntLinear(torch.autograd.Function):
         return gx, gw, gb, None, None, None, None, None
 
 # %% ../nbs/01_quant.ipynb #c64d3450
+def _rmsnorm_backward(g_wq: torch.Tensor, ws: torch.Tensor, x2: torch.Tensor, r: torch.Tensor, norm_w: torch.Tensor):
+    "RMSNorm's `(grad x, grad weight)` from `g_wq = g @ Wq`, `ws` (so `g_wq / ws` is the gradient at the norm's output, STE)."
+    g_xn = g_wq.float() / ws
+    x_hat = x2.float() * r                                # x / rms
+    g_hat = g_xn * norm_w.float()
+    # d(x * r)/dx: r * (g - x_hat * mean(g * x_hat))
+    gx = ((g_hat - x_hat * (g_hat * x_hat).mean(-1, keepdim=True)) * r).to(x2.dtype)
+    return gx, (g_xn * x_hat).sum(0)
+
+# one pass over the [M, K] tensors instead of ~10 eager ones (the down projection's K = 1536 makes it ~4 ms a layer)
+_NORM_BWD = CompiledOrEager(_rmsnorm_backward, _rmsnorm_backward, dynamic=True)
+
 class _NormIntLinear(torch.autograd.Function):
     "RMSNorm (SubLN) fused into the integer forward; saves the input, one `1/rms` per row and the int8 codes."
     @staticmethod
     def forward(ctx, x, norm_w, w, bias, wq, ws, eps, act_bits, out_dtype):
         x2 = x.reshape(-1, x.shape[-1])
         xq, xs, r = norm_act_codes(x2, norm_w, eps, act_bits)
-        y = int8_mm(xq, wq).float().div_(xs * ws)
-        if bias is not None: y += bias.float()
+        y = int_rescale(xq, xs, wq, ws, bias, out_dtype)
         ctx.save_for_backward(x2, r, norm_w, xq, xs, wq, ws)
         ctx.meta = (x.shape, w.dtype, None if bias is None else bias.dtype)
-        return y.to(out_dtype).view(*x.shape[:-1], wq.shape[0])
+        return y.view(*x.shape[:-1], wq.shape[0])
     @staticmethod
     def backward(ctx, g):
         x2, r, norm_w, xq, xs, wq, ws = ctx.saved_tensors
@@ -252,12 +290,8 @@ class _NormIntLinear(torch.autograd.Function):
         gx = gn = gw = gb = None
         if ctx.needs_input_grad[2]: gw = ((g2 / xs.to(dt)).t() @ xq.to(dt)).to(wdt)            # g^T @ Xq
         if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
-            g_xn = (g2 @ wq.to(dt)).float().div_(ws)             # gradient at the norm's output (STE)
-            x_hat = x2.float() * r                                # x / rms (never in place: x2 may be fp32)
-            if ctx.needs_input_grad[1]: gn = (g_xn * x_hat).sum(0).to(norm_w.dtype)
-            g_hat = g_xn.mul_(norm_w.float())
-            # d(x * r)/dx: r * (g - x_hat * mean(g * x_hat)), the RMSNorm backward
-            gx = (g_hat - x_hat * (g_hat * x_hat).mean(-1, keepdim=True)).mul_(r).to(x2.dtype).view(shape)
+            gx, gn = _NORM_BWD(g2 @ wq.to(dt), ws, x2, r, norm_w)
+            gx, gn = gx.view(shape), gn.to(norm_w.dtype) if ctx.needs_input_grad[1] else None
         if bdt is not None and ctx.needs_input_grad[3]: gb = g2.sum(0).to(bdt)
         return gx, gn, gw, gb, None, None, None, None, None
 
