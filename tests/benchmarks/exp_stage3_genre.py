@@ -151,6 +151,8 @@ def main(argv=None):
     ap.add_argument('--eval-cache', default=None, help='JSON file caching test results per checkpoint (a rerun skips done evals)')
     ap.add_argument('--stage3', nargs='*', default=[], metavar='KEY=VALUE',
                     help='extra dotted overrides of the Stage-3 arm (d), e.g. distill.gamma_attn=0 (a sweep point)')
+    ap.add_argument('--teacher', default=None, help="the FP-SFT teacher of arm (d) for every seed (a model folder); "
+                    "default: each seed's own arm (b)")
     ap.add_argument('--arms', default='bcde', help='which trained arms to run (letters of b, c, d, e); default all')
     ap.add_argument('--linear-probe', type=int, default=0, metavar='N',
                     help='also fit a linear probe on the frozen states of FP, Stage 1 and --start (N training passages per genre)')
@@ -260,17 +262,19 @@ def main(argv=None):
     runs3 = []
     for seed in a.seeds:
         cur_seed[0] = seed; sd = f'training.seed={seed}'; sk = {'training.seed': seed}
-        rb = find(a.runs_dir, 'sft', **{'data.task': TASK, 'training.max_steps': a.teacher_steps or a.steps,
-                  'training.batch_size': a.batch_size, 'training.lr': a.lr, 'data.seq_len': a.seq_len,
-                  'training.precision': a.precision, 'training.checkpoint_path': '', **sk}) if 'b' not in a.arms else None
-        if rb is None: rb, _ = arm('(b) FP-SFT (teacher)', 'sft', [a.lr, sd], f'lr {a.lr:g}', steps=a.teacher_steps,
-                    **{'training.checkpoint_path': '', **sk})
+        if a.teacher: teacher = Path(a.teacher)   # one given teacher for every seed
+        else:
+            rb = find(a.runs_dir, 'sft', **{'data.task': TASK, 'training.max_steps': a.teacher_steps or a.steps,
+                      'training.batch_size': a.batch_size, 'training.lr': a.lr, 'data.seq_len': a.seq_len,
+                      'training.precision': a.precision, 'training.checkpoint_path': '', **sk}) if 'b' not in a.arms else None
+            if rb is None: rb, _ = arm('(b) FP-SFT (teacher)', 'sft', [a.lr, sd], f'lr {a.lr:g}', steps=a.teacher_steps,
+                        **{'training.checkpoint_path': '', **sk})
+            teacher = output_of(rb)
         if 'c' in a.arms: arm('(c) ternary SFT from Stage 1', 'sft', [lr_t, sd, f'training.checkpoint_path={s1_out}'], f'lr {lr_t:g}',
             **{'training.checkpoint_path': str(s1_out), **sk})
         if a.start and not a.no_plain_sft and 'e' in a.arms:
             arm('(e) ternary SFT from Stages 1.9+2', 'sft', [lr_t, sd, f'training.checkpoint_path={start}'], f'lr {lr_t:g}',
                 **{'training.checkpoint_path': str(start), **sk})
-        teacher = output_of(rb)
         if 'd' not in a.arms: continue
         s3 = dict(kv.split('=', 1) for kv in a.stage3)
         s3_match = {k: json.loads(v) if v[:1] in '-.0123456789tfn[{' else v for k, v in s3.items()}
