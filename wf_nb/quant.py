@@ -118,13 +118,13 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 register_optimizer_step_post_hook(lambda opt, args, kwargs: _OPT_STEPS.__setitem__(0, _OPT_STEPS[0] + 1))
 
 def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    "`a [M,K] int8 @ b [N,K].T` -> int32 `[M,N]` (into `out` on CPU), exact (`torch._int_mm`; on CUDA padded to its shape rules)."
+    "`a [M,K] int8 @ b [N,K].T` -> int32 `[M,N]` (into `out` if given, unless padded), exact (`torch._int_mm`; on CUDA padded to its shape rules)."
     if a.shape[0] == 0: return a.new_zeros((0, b.shape[0]), dtype=torch.int32)
     if a.is_cuda:   # cuBLAS int8: M > 16 and K, N multiples of 8
         m, k, n = a.shape[0], a.shape[1], b.shape[0]
         pm, pk, pn = max(17 - m, 0), -k % 8, -n % 8
         if pm or pk or pn: return torch._int_mm(F.pad(a, (0, pk, 0, pm)), F.pad(b, (0, pk, 0, pn)).t())[:m, :n]
-    return torch._int_mm(a, b.t()) if out is None else torch._int_mm(a, b.t(), out=out)
+    return torch._int_mm(a, b.t(), out=out)
 
 _ACT_CODES = {}   # device type -> fused per-token int8 quantizer `x [M,K] -> (codes, scales [M,1])`
 
@@ -226,7 +226,6 @@ def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits:
     fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
     if fused is not None: return _norm_codes_eager(x2, norm_w, eps, act_bits, fused)
     return _NORM_Q(x2, norm_w, eps, act_bits)
-
 
 # %% ../nbs/01_quant.ipynb #4ad29d8c
 def int_rescale(xq, xs, wq, ws, bias, out_dtype) -> torch.Tensor:
