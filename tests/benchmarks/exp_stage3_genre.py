@@ -140,6 +140,8 @@ def main(argv=None):
     ap.add_argument('--seeds', type=int, nargs='+', default=[0], help='training.seed of every trained arm')
     ap.add_argument('--start', default=None, help='Stages 1.9 + 2 output: the start of arms (d) and (e) (default: Stage 1)')
     ap.add_argument('--stage1', default=None, help='Stage 1 output: the start of arm (c) (default: a Stage-1 run in --runs-dir)')
+    ap.add_argument('--save-every', type=int, default=0, metavar='N',
+                    help='also checkpoint every N steps, so a killed arm resumes (save_interval is not in the fingerprint); 0: only the end')
     ap.add_argument('--warmup', type=int, default=0, help='training.warmup_steps of every trained arm')
     ap.add_argument('--no-plain-sft', action='store_true', help='skip arm (e), ternary SFT from --start without KD')
     ap.add_argument('--n-test-per-genre', type=int, default=0, help='balanced test subsample (0: the whole test split)')
@@ -232,7 +234,7 @@ def main(argv=None):
     def arm(name, stage, extra, note, steps=None, **match):
         lr, steps = extra[0], steps or a.steps
         ov = [*[c for c in common if not c.startswith('training.max_steps=') and not c.startswith('training.save_interval=')],
-              f'training.max_steps={steps}', f'training.save_interval={steps}', f'training.lr={lr}', *extra[1:]]
+              f'training.max_steps={steps}', f'training.save_interval={min(steps, a.save_every or steps)}', f'training.lr={lr}', *extra[1:]]
         key = {'data.task': TASK, 'training.max_steps': steps, 'training.batch_size': a.batch_size,
                'training.lr': lr, 'data.seq_len': a.seq_len, 'training.precision': a.precision, **match}
         run = find(a.runs_dir, stage, **key) or wait_running(a.runs_dir, stage, log, **key)
