@@ -191,8 +191,9 @@ def main(argv=None):
         else:
             with torch.autocast('cpu', dtype=torch.bfloat16, enabled=a.eval_precision == 'bf16'):
                 r = task_accuracy(model(), tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size, calibrate=True)
-            r = {**{k: r[k] for k in ('accuracy', 'stderr', 'n', 'correct', 'confusion')},
-                 'cal_accuracy': r['calibrated']['accuracy'], 'cal_stderr': r['calibrated']['stderr'], 'cal_confusion': r['calibrated']['confusion']}
+            r = {**{k: r[k] for k in ('accuracy', 'stderr', 'n', 'correct', 'confusion', 'predictions')},
+                 'cal_accuracy': r['calibrated']['accuracy'], 'cal_stderr': r['calibrated']['stderr'], 'cal_confusion': r['calibrated']['confusion'],
+                 'cal_predictions': r['calibrated']['predictions']}   # per passage, for paired differences between arms
             if a.eval_cache:
                 cache[ck] = r; Path(a.eval_cache).write_text(json.dumps(cache, indent=1))
         log(f"[{name}] acc {r['accuracy']:.3f} +- {r['stderr']:.3f}, calibrated {r['cal_accuracy']:.3f} +- {r['cal_stderr']:.3f} "
