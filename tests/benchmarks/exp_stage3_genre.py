@@ -166,6 +166,7 @@ def main(argv=None):
     import torch
     torch.manual_seed(0)
     from wf_nb.config import get_config
+    from wf_nb.io import write_json
     from wf_nb.assets import load_fp_model, load_tokenizer
     from wf_nb.tasks import shakespeare_genre, task_accuracy, GENRE_TASK
     import wf_nb
@@ -195,7 +196,7 @@ def main(argv=None):
                  'cal_accuracy': r['calibrated']['accuracy'], 'cal_stderr': r['calibrated']['stderr'], 'cal_confusion': r['calibrated']['confusion'],
                  'cal_predictions': r['calibrated']['predictions']}   # per passage, for paired differences between arms
             if a.eval_cache:
-                cache[ck] = r; Path(a.eval_cache).write_text(json.dumps(cache, indent=1))
+                cache[ck] = r; write_json(a.eval_cache, cache, indent=1)   # atomic: a killed run leaves the old cache, not half of one
         log(f"[{name}] acc {r['accuracy']:.3f} +- {r['stderr']:.3f}, calibrated {r['cal_accuracy']:.3f} +- {r['cal_stderr']:.3f} "
             f"(n={r['n']}), eval {time.time() - t0:.0f}s, confusion {r['confusion']}, calibrated {r['cal_confusion']}")
         results.append(dict(arm=name, steps=steps, accuracy=r['accuracy'], stderr=r['stderr'], n=r['n'],
@@ -314,7 +315,7 @@ def main(argv=None):
         print('\n(loss = ce + kd_weighted + attn_weighted; kd_weighted = lambda_logits * kd, kd already includes T^2; '
               'attn_weighted = gamma * attn)')
     print(f"\nwall time {time.time() - t_start:.0f}s")
-    if a.json: Path(a.json).write_text(json.dumps(dict(args=vars(a), results=results, stage3_rows=rows3), indent=1, default=str))
+    if a.json: write_json(a.json, dict(args=vars(a), results=results, stage3_rows=rows3), indent=1)
 
 
 if __name__ == '__main__':
