@@ -150,20 +150,15 @@ def _scratch(shape, device, dtype=torch.float32) -> torch.Tensor:
     return buf[:n].view(shape)
 
 # %% ../nbs/01_quant.ipynb #d12de0ad
-def _weight_codes(w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    wf = w.float()
-    s = 1.0 / wf.abs().mean().clamp(min=eps)
-    return (wf * s).round().clamp(-1, 1).to(torch.int8), s
-
 def _weight_codes_eager(w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     b = _scratch(w.shape, w.device)   # one reused fp32 buffer instead of two fresh weight-sized temporaries
     s = 1.0 / b.copy_(w).abs_().mean().clamp(min=eps)
     return b.copy_(w).mul_(s).round_().clamp_(-1, 1).to(torch.int8), s
 
-_WEIGHT_Q = CompiledOrEager(_weight_codes, _weight_codes_eager, dynamic=True)
+_WEIGHT_Q = CompiledOrEager(weight_quant_int, _weight_codes_eager, dynamic=True)   # the reference itself, compiled
 
 def weight_codes(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
-    "`weight_quant_int(w)` in two compiled reads of `w`: the scale equal up to its last bit, so the codes except at a rounding boundary."
+    "`weight_quant_int(w)` compiled (two reads of `w`): the scale equal up to its last bit, so the codes except at a rounding boundary."
     return _WEIGHT_Q(w, eps)
 
 def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
