@@ -16,13 +16,13 @@ from .config import QuantConfig, WFConfig, save_yaml
 from .io import atomic_dir, format_table
 import wf_nb.kernels   # registers the fused Triton quantizers (CUDA) with wf_nb.quant
 from transformers.initialization import no_init_weights
-from .quant import BitLinear, FusedSubLN, fuse_subln, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform
+from .quant import BitLinear, FusedSubLN, fuse_subln, fuse_input_norm, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform
 
 # %% auto #0
-__all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config', 'WFQwen3ForCausalLM',
-           'WFBitNetConfig', 'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG', 'ternarize_', 'convert',
-           'calibrate_sublns', 'save_model', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits',
-           'conversion_report', 'run_stage1']
+__all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'BITNET_INPUT_NORMS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config',
+           'WFQwen3ForCausalLM', 'WFBitNetConfig', 'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG',
+           'ternarize_', 'convert', 'calibrate_sublns', 'save_model', 'load', 'heldout_ids', 'calibration_ids',
+           'compare_logits', 'conversion_report', 'run_stage1']
 
 # %% ../nbs/03_convert.ipynb #9ee5e681
 SUBLN_ALLNORM_EPS = 1e-8
@@ -44,13 +44,20 @@ def ternarize_(model: nn.Module, placement: str = 'paper', haar: bool = False, a
     return model
 
 BITNET_SUBLNS = (('self_attn', 'attn_sub_norm', 'o_proj'), ('mlp', 'ffn_sub_norm', 'down_proj'))
+# transformers' BitNetDecoderLayer: each pre-norm's output goes to these projections and nowhere else
+BITNET_INPUT_NORMS = (('input_layernorm', 'self_attn', ('q_proj', 'k_proj', 'v_proj')),
+                      ('post_attention_layernorm', 'mlp', ('gate_proj', 'up_proj')))
 
 def _fuse_bitnet_sublns(layer: nn.Module):
-    "BitNet's separate sub-norms become `FusedSubLN`s of the BitLinear they feed (computed inside its integer forward)."
+    "BitNet's sub-norms become `FusedSubLN`s of the BitLinear they feed, its pre-norms `FusedInputNorm`s of theirs (computed inside the integer forward)."
     for sub, norm, lin in BITNET_SUBLNS:
         parent = getattr(layer, sub)
         if isinstance(getattr(parent, lin), BitLinear) and not isinstance(getattr(parent, norm), FusedSubLN):
             setattr(parent, norm, fuse_subln(getattr(parent, norm), parent, lin))
+    for norm, sub, lins in BITNET_INPUT_NORMS:
+        parent = getattr(layer, sub)
+        if all(isinstance(getattr(parent, l), BitLinear) for l in lins) and not isinstance(getattr(layer, norm), FusedSubLN):
+            setattr(layer, norm, fuse_input_norm(getattr(layer, norm), parent, lins))
 
 # %% ../nbs/03_convert.ipynb #80c1d23b
 def _make_wf_classes(base_cfg, base_model, model_type: str, bitnet_native: bool = False):

@@ -13,13 +13,13 @@ except ImportError:  # pragma: no cover - triton is optional; the torch paths ne
     triton = tl = None
     HAS_TRITON = False
 from .quant import (act_quant_int, weight_quant_int, pack_ternary, unpack_ternary, ste_quant, RMSNorm,
-                         haar_transform, haar_width, register_act_codes, register_fake_quant, act_quant as q_act_quant, weight_quant as q_weight_quant)
+                         haar_transform, haar_width, register_act_codes, register_fake_quant, register_int_rescale, act_quant as q_act_quant, weight_quant as q_weight_quant)
 
 # %% auto #0
 __all__ = ['act_quant_ref', 'weight_quant_ref', 'fake_weight_quant_ref', 'fake_act_quant_ref', 'w2a8_ref', 'interpreting',
            'triton_ok', 'act_quant_triton', 'weight_quant_triton', 'fake_weight_quant_triton', 'w2a8_triton',
            'fake_weight_quant', 'fake_act_quant', 'act_codes', 'weight_codes', 'int8_matmul', 'w2a8_linear',
-           'PackedBitLinear', 'bench']
+           'int8_mm_rescale_triton', 'PackedBitLinear', 'bench', 'int8_gemm_table']
 
 # %% ../nbs/02_kernels.ipynb #00689990
 def act_quant_ref(x: torch.Tensor):
@@ -41,7 +41,7 @@ def fake_act_quant_ref(x: torch.Tensor, lam: float = 1.0):
 def w2a8_ref(xq, xs, w_packed, w_scale, out_features: int, bias=None, out_dtype=torch.float32):
     "`(xq @ W_t^T) / (xs * w_scale) + bias` with W_t unpacked from `w_packed`; exact integer accumulation."
     wt = unpack_ternary(w_packed, out_features)
-    acc = (xq.reshape(-1, xq.shape[-1]).to(torch.int64) @ wt.to(torch.int64).t()).float()
+    acc = (xq.reshape(-1, xq.shape[-1]).double() @ wt.double().t()).float()   # exact: |sums| < 2^53 (CUDA has no int64 matmul)
     y = acc / (xs.reshape(-1, 1).float() * w_scale.float())
     if bias is not None: y = y + bias.float()
     return y.reshape(*xq.shape[:-1], out_features).to(out_dtype)
@@ -284,6 +284,75 @@ def w2a8_linear(xq, xs, w_packed, w_scale, out_features: int, bias=None, out_dty
     if bias is not None: y += bias.float()
     return y.reshape(*xq.shape[:-1], out_features).to(out_dtype)
 
+# %% ../nbs/02_kernels.ipynb #b5c02d17
+if HAS_TRITON:
+    @triton.jit
+    def _int8_mm_rescale_kernel(a_ptr, b_ptr, xs_ptr, ws_ptr, bias_ptr, y_ptr, M, N, K, stride_am, stride_bn, stride_ym,
+                                M_BUCKET, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                                GROUP_M: tl.constexpr, EXACT: tl.constexpr):
+        pid = tl.program_id(0)
+        n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+        first_m = (pid // (GROUP_M * n_n)) * GROUP_M
+        rows = min(n_m - first_m, GROUP_M)
+        pm = first_m + (pid % (GROUP_M * n_n)) % rows
+        pn = (pid % (GROUP_M * n_n)) // rows
+        rm = pm * BM + tl.arange(0, BM)
+        rn = pn * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        a_p = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :]
+        b_p = b_ptr + rn[None, :].to(tl.int64) * stride_bn + rk[:, None]
+        acc = tl.zeros((BM, BN), dtype=tl.int32)
+        for k0 in range(0, K, BK):
+            kin = (k0 + rk) < K
+            a = tl.load(a_p, mask=(rm[:, None] < M) & kin[None, :], other=0)
+            b = tl.load(b_p, mask=(rn[None, :] < N) & kin[:, None], other=0)
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            a_p += BK
+            b_p += BK
+        xs = tl.load(xs_ptr + rm, mask=rm < M, other=1.0)
+        y = _div(acc.to(tl.float32), (xs * tl.load(ws_ptr))[:, None], EXACT)
+        if HAS_BIAS: y += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    # tiles for Hopper-class GPUs, chosen per shape by measuring them at the first call (Triton's autotuner); the key
+    # buckets M (tokens) to a power of two, so a run's fixed batch tunes once and decoding does not retune every step
+    _INT8_MM_TUNED = triton.autotune(
+        [triton.Config({'BM': bm, 'BN': bn, 'BK': bk, 'GROUP_M': 8}, num_warps=w, num_stages=s)
+         for bm, bn, bk, w, s in ((128, 128, 64, 4, 4), (128, 128, 128, 8, 4), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+                                  (64, 128, 128, 4, 4), (128, 64, 128, 4, 4), (64, 64, 128, 4, 5), (128, 128, 64, 8, 5))],
+        key=['M_BUCKET', 'N', 'K'])(_int8_mm_rescale_kernel)
+
+# %% ../nbs/02_kernels.ipynb #d0e8f2a5
+def int8_mm_rescale_triton(xq, xs, wq, ws, bias=None, out_dtype=torch.float32):
+    "`int_rescale` in one Triton kernel: `(xq [M,K] int8 @ wq [N,K]^T int8) / (xs [M,1] * ws) + bias` -> `[M, N]` `out_dtype`."
+    _need_triton(xq)
+    m, k = xq.shape
+    n = wq.shape[0]
+    if wq.shape[1] != k: raise ValueError(f"int8_mm_rescale: weight has {wq.shape[1]} inputs, activations {k}")
+    xq, wq = xq if xq.stride(-1) == 1 else xq.contiguous(), wq if wq.stride(-1) == 1 else wq.contiguous()
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m and n:
+        args = (xq, wq, xs.reshape(-1).float().contiguous(), ws.reshape(1).float(), bias if bias is not None else y, y,
+                m, n, k, xq.stride(0), wq.stride(0), y.stride(0), triton.next_power_of_2(m))
+        if interpreting():   # small tiles: the interpreter runs each program in numpy
+            _int8_mm_rescale_kernel[(triton.cdiv(m, 32) * triton.cdiv(n, 32),)](
+                *args, HAS_BIAS=bias is not None, BM=32, BN=32, BK=32, GROUP_M=8, EXACT=False)
+        else:
+            _INT8_MM_TUNED[lambda meta: (triton.cdiv(m, meta['BM']) * triton.cdiv(n, meta['BN']),)](
+                *args, HAS_BIAS=bias is not None, EXACT=True)
+    return y
+
+def _int_rescale_cuda(xq, xs, wq, ws, bias, out_dtype):
+    # a GPU or Triton build without int8 dot products: warn once, then the cuBLAS path (None) from then on
+    try: return int8_mm_rescale_triton(xq, xs, wq, ws, bias, out_dtype)
+    except Exception as e:
+        import warnings; warnings.warn(f"wf_nb: the Triton int8 GEMM failed ({type(e).__name__}: {e}); using torch._int_mm")
+        register_int_rescale('cuda', lambda *a: None)
+        return None
+
+if HAS_TRITON: register_int_rescale('cuda', _int_rescale_cuda)   # BitLinear's integer forward on CUDA
+
 # %% ../nbs/02_kernels.ipynb #9b2e089b
 class PackedBitLinear(nn.Module):
     "Inference-only ternary linear: packed 2-bit weights, per-tensor scale, int8 activations."
@@ -344,3 +413,32 @@ def bench(f, n: int = 20, warmup: int = 2) -> float:
     for _ in range(n):
         sync(); t0 = time.perf_counter(); f(); sync(); ts.append(time.perf_counter() - t0)
     return sorted(ts)[len(ts) // 2]
+
+# %% ../nbs/02_kernels.ipynb #a1f4c7e0
+def int8_gemm_table(ms=(512, 8192, 16384), shapes=((576, 1536), (1536, 576), (576, 576), (1024, 3072), (3072, 1024), (2560, 9728))):
+    "GPU: time bf16 `F.linear`, cuBLAS `_int_mm` + PyTorch rescale, and the fused kernel per `(M, K, N)`; check they agree; print."
+    from wf_nb.quant import int_rescale, _INT_RESCALE, _ACT_Q, _NORM_Q, _norm_codes_eager
+    def cublas(*a):
+        fused = _INT_RESCALE.pop('cuda', None)
+        try: return int_rescale(*a)
+        finally:
+            if fused is not None: _INT_RESCALE['cuda'] = fused
+    torch.manual_seed(0)
+    print(f"{'M':>6} {'K':>5} {'N':>5} {'bf16 us':>9} {'cuBLAS int8 us':>15} {'fused us':>9} {'fused vs bf16':>14} {'fused TOP/s':>12}")
+    for m in ms:
+        for k, n in shapes:
+            x, w = torch.randn(m, k, device='cuda', dtype=torch.bfloat16), torch.randn(n, k, device='cuda', dtype=torch.bfloat16)
+            xq, xs = act_codes(x); wq, ws = weight_codes(w)
+            assert torch.equal(int8_mm_rescale_triton(xq, xs, wq, ws, None, torch.bfloat16), cublas(xq, xs, wq, ws, None, torch.bfloat16))
+            tb = bench(lambda: F.linear(x, w), n=50, warmup=5)
+            tc = bench(lambda: cublas(xq, xs, wq, ws, None, torch.bfloat16), n=50, warmup=5)
+            tt = bench(lambda: int8_mm_rescale_triton(xq, xs, wq, ws, None, torch.bfloat16), n=50, warmup=5)
+            print(f"{m:6d} {k:5d} {n:5d} {tb * 1e6:9.1f} {tc * 1e6:15.1f} {tt * 1e6:9.1f} {tb / tt:13.2f}x {2 * m * k * n / tt / 1e12:12.0f}")
+    # the activation quantizers at training shapes (fp32 residual stream in, as under autocast)
+    print(f"\n{'M':>6} {'K':>5} {'act: Triton us':>15} {'act: compiled us':>17} {'norm+act: eager+Triton us':>26} {'norm+act: compiled us':>22}")
+    for m, k in ((16384, 576), (16384, 1536), (8192, 1024)):
+        x, nw = torch.randn(m, k, device='cuda'), torch.rand(k, device='cuda') + 0.5
+        ta, tc = bench(lambda: act_quant_triton(x), n=50, warmup=5), bench(lambda: _ACT_Q(x, 8), n=50, warmup=5)
+        tn = bench(lambda: _norm_codes_eager(x, nw, 1e-5, 8), n=50, warmup=5)
+        tnc = bench(lambda: _NORM_Q(x, nw, 1e-5, 8), n=50, warmup=5)
+        print(f"{m:6d} {k:5d} {ta * 1e6:15.1f} {tc * 1e6:17.1f} {tn * 1e6:26.1f} {tnc * 1e6:22.1f}")

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_quant.ipynb #8d54a39c
 from __future__ import annotations
-import math, os
+import math, os, weakref
 from contextlib import contextmanager
 import torch
 import torch.nn as nn
@@ -13,10 +13,10 @@ import torch.nn.functional as F
 # %% auto #0
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'CompiledOrEager', 'weight_quant_compiled',
            'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes',
-           'register_fake_quant', 'weight_codes', 'cached_weight_codes', 'shared_act_codes', 'norm_act_codes',
-           'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN', 'fuse_subln',
-           'bitlinears', 'set_lambda', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary',
-           'quant_error_stats']
+           'register_int_rescale', 'register_fake_quant', 'weight_codes', 'cached_weight_codes', 'shared_act_codes',
+           'norm_act_codes', 'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN',
+           'fuse_subln', 'FusedInputNorm', 'fuse_input_norm', 'bitlinears', 'set_lambda', 'quant_state',
+           'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +132,12 @@ def register_act_codes(device_type: str, fn):
     "Use `fn` (same contract and codes as `act_quant_int(x, 8)`) in the integer forward on `device_type` (wf_nb.kernels: Triton on CUDA)."
     _ACT_CODES[device_type] = fn
 
+_INT_RESCALE = {}   # device type -> fused `(xq, xs, wq, ws, bias, out_dtype) -> y`, the contract of `int_rescale` (None: not here)
+
+def register_int_rescale(device_type: str, fn):
+    "Use `fn` for the integer forward's GEMM + rescale on `device_type` (wf_nb.kernels: one Triton kernel on CUDA)."
+    _INT_RESCALE[device_type] = fn
+
 _FAKE_QUANT = {}   # device type -> fused (weight, act) STE fake-quantizers `(t, lam) -> t`, the contract of `ste_quant`
 
 def register_fake_quant(device_type: str, weight_fn, act_fn):
@@ -193,12 +199,14 @@ def _act_codes(x2: torch.Tensor, act_bits: int) -> tuple[torch.Tensor, torch.Ten
 _ACT_MEMO = [None]   # (input tensor, its state, codes, scales) of the last plain integer forward
 
 @torch.no_grad()
-def shared_act_codes(x: torch.Tensor, act_bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    "`act_quant_int` of `x [..., K]` as `[M,K]` codes and `[M,1]` scales, reused while the same unchanged tensor comes back."
-    state = (x._version, act_bits, torch.is_inference_mode_enabled(), BitLinear.use_triton)
+def shared_act_codes(x: torch.Tensor, act_bits: int = 8, norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    "`act_quant_int` of `x [..., K]` (of `norm(x)` if given) as `[M,K]` codes and `[M,1]` scales, reused while the same unchanged tensor comes back."
+    state = (x._version, act_bits, torch.is_inference_mode_enabled(), BitLinear.use_triton, norm,
+             None if norm is None else (norm.weight._version, _OPT_STEPS[0]))
     hit = _ACT_MEMO[0]
     if hit is not None and hit[0] is x and hit[1] == state: return hit[2], hit[3]
-    xq, xs = _act_codes(x.reshape(-1, x.shape[-1]), act_bits)
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, xs = _act_codes(x2, act_bits) if norm is None else norm_act_codes(x2, norm.weight, norm.variance_epsilon, act_bits)[:2]
     _ACT_MEMO[0] = (x, state, xq, xs)
     return xq, xs
 
@@ -207,10 +215,11 @@ def _norm_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, bits: int):
     r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return *act_quant_int(xf * r * norm_w.float(), bits), r
 
-def _norm_codes_eager(x2, norm_w, eps: float, bits: int, fused=None):
+def _norm_codes_eager(x2, norm_w, eps: float, bits: int):
     xn = _scratch(x2.shape, x2.device).copy_(x2)
     r = torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + eps)
     xn.mul_(r).mul_(norm_w.float())
+    fused = _ACT_CODES.get(xn.device.type) if bits == 8 and BitLinear.use_triton else None
     return *(fused(xn) if fused is not None else _act_codes_(xn, bits)), r
 
 # one read of x2 and one int8 write, instead of ~10 eager passes (the mean may round differently in its last bit)
@@ -219,14 +228,17 @@ _NORM_Q = CompiledOrEager(_norm_codes, _norm_codes_eager, dynamic=True)
 @torch.no_grad()
 def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits: int = 8):
     "Codes and scales of `RMSNorm(x2)` (fp32, not rounded to x2's dtype first), and `r = 1/rms` per row for the backward."
-    fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
-    if fused is not None: return _norm_codes_eager(x2, norm_w, eps, act_bits, fused)
+    # compiled on every device: on an H200 one inductor kernel takes 141 us at 16384 x 576 where the eager norm and the
+    # Triton quantizer take 229 us (02_kernels' GPU table); the eager fallback still quantizes with the registered kernel
     return _NORM_Q(x2, norm_w, eps, act_bits)
 
 # %% ../nbs/01_quant.ipynb #4ad29d8c
 def int_rescale(xq, xs, wq, ws, bias, out_dtype) -> torch.Tensor:
     "`(Xq @ Wq^T) / (xs * ws) + bias` as a new `[M, N]` tensor of `out_dtype`: one rounding, from the exact int32 sums."
     M, N, dev = xq.shape[0], wq.shape[0], xq.device
+    fused = _INT_RESCALE.get(dev.type) if BitLinear.use_triton else None
+    y = fused(xq, xs, wq, ws, bias, out_dtype) if fused is not None else None
+    if y is not None: return y
     on_cpu = dev.type == 'cpu'   # the int32 sums and their fp32 rescale go to reused buffers: only the output is new
     acc = int8_mm(xq, wq, out=_scratch((M, N), dev, torch.int32) if on_cpu else None)
     y = (_scratch((M, N), dev).copy_(acc) if on_cpu else acc.float()).div_(xs * ws)
@@ -297,10 +309,10 @@ def int_linear(x: torch.Tensor, mod: nn.Module, norm: nn.Module | None = None) -
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     wq, ws = cached_weight_codes(mod)
     with torch.autocast(dev, enabled=False):
-        if norm is not None:
+        if norm is not None and not getattr(norm, 'shared', False):
             return _NormIntLinear.apply(x, norm.weight, mod.weight, mod.bias, wq, ws, norm.variance_epsilon,
                                         mod.act_bits, out_dtype)
-        xq, xs = shared_act_codes(x, mod.act_bits)
+        xq, xs = shared_act_codes(x, mod.act_bits, norm)   # of norm(x) for a FusedInputNorm's layers (grad: at norm(x))
         return _IntLinear.apply(x, mod.weight, mod.bias, xq, xs, wq, ws, out_dtype)
 
 @contextmanager
@@ -337,7 +349,7 @@ class BitLinear(nn.Linear):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.lam, self.act_bits, self.haar = float(lam), int(act_bits), bool(haar)
         self.rms_norm = RMSNorm(in_features, norm_eps, device=device, dtype=dtype) if norm_eps is not None else None
-        self._fused_norm = []   # [FusedSubLN] when the norm before this layer is fused into its integer forward
+        self._fused_norm = []   # [FusedSubLN or FusedInputNorm] when the norm before this layer is fused into its integer forward
         if haar:
             self.weight = nn.Parameter(torch.empty(out_features, haar_width(in_features), device=device, dtype=dtype))
             nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -360,12 +372,12 @@ class BitLinear(nn.Linear):
         "The SubLN still to apply to `x`: the layer's own, or the `FusedSubLN` that passed exactly `x` through to it."
         if self.rms_norm is not None: return self.rms_norm
         f = next(iter(self._fused_norm), None)
-        return f if f is not None and f._handed is x else None
+        return f if f is not None and f.handed(x) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fuses_norm():   # int8 GEMM, SubLN inside
             norm = self.input_norm(x)
-            if self._fused_norm: self._fused_norm[0]._handed = None
+            if self._fused_norm: self._fused_norm[0].release()
             return int_linear(x, self, norm)
         lam, w = self.lam, self.weight
         if self.rms_norm is not None: x = self.rms_norm(x)
@@ -389,6 +401,9 @@ BitLinear.int_forward = os.environ.get('WF_NB_INT_FORWARD', '1') != '0'   # Fals
 # %% ../nbs/01_quant.ipynb #bb92a990
 class FusedSubLN(RMSNorm):
     "A SubLN feeding one BitLinear: while that layer runs the integer forward, it hands its input over un-normalized."
+    shared = False   # one consumer: the layer's `_NormIntLinear` runs the norm's forward and backward
+    def handed(self, x) -> bool: return self._handed is x
+    def release(self): self._handed = None   # the one consumer took it: drop the reference
     def consumer(self) -> BitLinear | None:
         "The BitLinear this norm is fused into, if it is still in its place (`pack_model` or a user may swap it)."
         parent, name = self._consumer
@@ -406,6 +421,55 @@ def fuse_subln(norm: nn.Module, parent: nn.Module, name: str) -> FusedSubLN:
     f = FusedSubLN(norm.weight.shape[0], norm.variance_epsilon, device='meta')
     f.weight, f._handed = norm.weight, None
     f._consumer, getattr(parent, name)._fused_norm = [parent, name], [f]   # plain lists: nothing registered twice
+    return f
+
+# %% ../nbs/01_quant.ipynb #d4a1c8e7
+def _rmsnorm_grads(g: torch.Tensor, x2: torch.Tensor, norm_w: torch.Tensor, eps: float):
+    "RMSNorm's `(grad x, grad weight)` from the gradient `g` at its output, with `1/rms` recomputed from `x2`."
+    r = torch.rsqrt(x2.float().pow(2).mean(-1, keepdim=True) + eps)
+    return _rmsnorm_backward(g, 1.0, x2, r, norm_w)
+
+_NORM_GRADS = CompiledOrEager(_rmsnorm_grads, _rmsnorm_grads, dynamic=True)   # one pass, as _NORM_BWD
+
+class _NormHandoff(torch.autograd.Function):
+    "The identity on values; in the backward, RMSNorm's, applied once to the summed gradient of the norm's consumers."
+    @staticmethod
+    def forward(ctx, x, norm_w, eps):
+        ctx.save_for_backward(x, norm_w); ctx.eps = eps
+        return x.view_as(x)   # a new tensor (the consumers recognise it), sharing x's storage
+    @staticmethod
+    def backward(ctx, g):
+        x, norm_w = ctx.saved_tensors
+        gx, gn = _NORM_GRADS(g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1]), norm_w, ctx.eps)
+        return gx.view(x.shape), gn.to(norm_w.dtype) if ctx.needs_input_grad[1] else None, None
+
+class FusedInputNorm(FusedSubLN):
+    "A pre-norm feeding several BitLinears: while all of them run the integer forward, it hands its input over un-normalized."
+    shared = True   # the consumers share one set of codes; `_NormHandoff` runs the norm's backward once
+
+    def consumers(self) -> list[BitLinear] | None:
+        "The BitLinears this norm is fused into, if all are still in their places."
+        lins = [getattr(parent, name, None) for parent, name in self._consumers]
+        ok = all(isinstance(l, BitLinear) and next(iter(l._fused_norm), None) is self for l in lins)
+        return lins if ok else None
+
+    def handed(self, x) -> bool:
+        h = self._handed
+        return h is not None and h() is x
+    def release(self): pass   # the other consumers still need it; a weak reference keeps nothing alive
+
+    def forward(self, x):
+        lins = self.consumers()
+        if not lins or not all(l.fuses_norm() for l in lins): return self.normalize(x)
+        y = _NormHandoff.apply(x, self.weight, self.variance_epsilon)
+        self._handed = weakref.ref(y)
+        return y
+
+def fuse_input_norm(norm: nn.Module, parent: nn.Module, names) -> FusedInputNorm:
+    "A `FusedInputNorm` sharing `norm`'s weight (and eps), fused into the BitLinears `parent.<name>` for `name` in `names`."
+    f = FusedInputNorm(norm.weight.shape[0], norm.variance_epsilon, device='meta')
+    f.weight, f._handed, f._consumers = norm.weight, None, [[parent, n] for n in names]
+    for n in names: getattr(parent, n)._fused_norm = [f]
     return f
 
 # %% ../nbs/01_quant.ipynb #7d47eec1

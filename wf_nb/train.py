@@ -665,15 +665,16 @@ def train_step(self: Trainer) -> dict:
     lr, lam = self._set_lr(), self._set_lambda()
     self.last_lambda = lam
     micro = [next(self.data) for _ in range(self.t.grad_accum)]
-    micro = [{k: v.to(acc.device) if torch.is_tensor(v) else v for k, v in b.items()} for b in micro]
-    n_local = sum(count_tokens(b) for b in micro)
+    counts = [count_tokens(b) for b in micro]   # counted on the host, before the copy: no GPU sync per micro-batch
+    n_local = sum(counts)
     n_input = sum(int(b['attention_mask'].sum()) if 'attention_mask' in b and b['attention_mask'].dim() == 2
                   else b['input_ids'].numel() for b in micro) * acc.num_processes   # every token processed (approx. across ranks)
+    micro = [{k: v.to(acc.device) if torch.is_tensor(v) else v for k, v in b.items()} for b in micro]
     n_global = int(acc.reduce(torch.tensor(n_local, device=acc.device), 'sum')) if acc.num_processes > 1 else n_local
     ctx = StepContext(self.step, self.max_steps, acc.device, self.cfg)
     sums, loss_sum = {}, 0.0
     for i, b in enumerate(micro):
-        w = count_tokens(b) / max(1, n_global)
+        w = counts[i] / max(1, n_global)
         sync = i == len(micro) - 1
         with (acc.no_sync(model) if not sync and acc.num_processes > 1 else _nullctx()), acc.autocast():
             res = self.step_fn(model, b, ctx)

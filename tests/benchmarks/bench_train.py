@@ -7,11 +7,15 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
   wf_bitlinear        wf_nb's converted model (SubLN + BitLinear), plain loop
   wf_trainer          wf_nb's converted model trained by wf_nb's Trainer (Stage 2 loss, metrics, no checkpoints)
   wf_fakequant        wf_bitlinear with the fake-quant forward (WF_NB_INT_FORWARD=0, the transformers-exact path)
+  wf_cublas           wf_bitlinear with the GEMM + rescale through cuBLAS `_int_mm` instead of the fused Triton kernel (CUDA)
 
     python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...] [--repeats 3]
     python tests/benchmarks/bench_train.py --profile wf_bitlinear [--precisions bf16]   # where the time goes
     python tests/benchmarks/bench_train.py --split 4 --precisions bf16   # fp vs wf_nb in one process, fwd / bwd apart
     python tests/benchmarks/bench_train.py --saved --precisions bf16     # tensor memory at the end of the forward
+    python tests/benchmarks/bench_train.py --device cuda --config DIR --batch-size 16 --seq-len 1024 --precisions bf16
+        # on a GPU: the model built from DIR/config.json with random weights and random tokens (no gguf, no text
+        # needed), tokens/s (wall, synchronized), MFU against the card's dense bf16 peak, peak CUDA memory
 
 Arms are interleaved: each of `--repeats` rounds runs every arm once (the order rotated per round), so a ratio to
 `fp` is taken within a round, against the fp run next to it. Prints a table of median tokens/s (wall) and tokens
@@ -28,11 +32,16 @@ Run with OMP_NUM_THREADS=1 on a loaded machine so CPU time is not inflated by sp
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
-B, S = 4, 128
+B, S = 4, 128          # batch and sequence length (--batch-size, --seq-len)
+DEVICE, CONFIG = 'cpu', None   # --device; --config: a HF config.json (or its folder) for a random-weight model
 ARMS = ['fp', 'hf_autobitlinear', 'hf_trainer', 'wf_bitlinear', 'wf_trainer', 'wf_fakequant']
 
 def batches(n, seed=0):
     import torch
+    if CONFIG:   # random tokens: speed does not depend on what the tokens say
+        g = torch.Generator().manual_seed(seed)
+        vocab = fp_model_config().vocab_size
+        return [{'input_ids': (x := torch.randint(0, vocab, (B, S), generator=g)), 'labels': x.clone()} for _ in range(n)]
     from wf_nb.assets import load_tokenizer, shakespeare_files
     from wf_nb.config import get_config
     tok = load_tokenizer(get_config().model)
@@ -59,10 +68,23 @@ def train_peak_rss_mb():
     for line in open('/proc/self/status'):
         if line.startswith('VmHWM:'): return int(line.split()[1]) / 1024
 
+def fp_model_config():
+    from transformers import AutoConfig
+    return AutoConfig.from_pretrained(Path(CONFIG).parent if Path(CONFIG).is_file() else CONFIG)
+
 def fp_model():
+    import torch
+    if CONFIG:
+        from transformers import AutoModelForCausalLM
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(fp_model_config(), dtype=torch.float32).train()
     from wf_nb.assets import load_fp_model
     from wf_nb.config import get_config
     return load_fp_model(get_config().model).train()
+
+def sync():
+    import torch
+    if DEVICE == 'cuda': torch.cuda.synchronize()
 
 def hf_bitnet(model):
     import torch
@@ -85,10 +107,12 @@ def plain_loop(model, data, precision, warmup, opt=None):
     opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     times = []
     for i, b in enumerate(data):
-        t0, c0 = time.perf_counter(), time.process_time()
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=precision == 'bf16'):
+        b = {k: v.to(DEVICE) for k, v in b.items()}
+        sync(); t0, c0 = time.perf_counter(), time.process_time()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == 'bf16'):
             loss = model(**b).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        sync()
         if i >= warmup: times.append((time.perf_counter() - t0, time.process_time() - c0))
     return times
 
@@ -105,12 +129,12 @@ def hf_trainer_loop(model, data, precision, warmup):
         def __getitem__(self, i): b = data[i // B]; return {k: v[i % B] for k, v in b.items()}
     with tempfile.TemporaryDirectory() as d:
         args = TrainingArguments(output_dir=d, per_device_train_batch_size=B, max_steps=len(data), learning_rate=1e-5,
-                                 bf16=precision == 'bf16', use_cpu=True, report_to=[], save_strategy='no', logging_strategy='no',
+                                 bf16=precision == 'bf16', use_cpu=DEVICE == 'cpu', report_to=[], save_strategy='no', logging_strategy='no',
                                  dataloader_num_workers=0, disable_tqdm=True, optim='adamw_torch_fused')
         Trainer(model=model, args=args, train_dataset=DS(), callbacks=[Clock()]).train()
     return times
 
-def wf_trainer_loop(model, data, precision, warmup):
+def wf_trainer_loop(model, data, precision, warmup, on_step=None):
     from wf_nb.config import get_config
     from wf_nb.train import Trainer, ListStream
     import torch
@@ -124,10 +148,12 @@ def wf_trainer_loop(model, data, precision, warmup):
         tr.save = lambda *a, **k: None   # measure training, not checkpoint writes
         step = tr.train_step
         def timed():   # the time between consecutive step starts = one whole step (optimizer and metrics included)
-            marks.append((time.perf_counter(), time.process_time())); return step()
+            sync(); marks.append((time.perf_counter(), time.process_time()))
+            if on_step: on_step(len(marks) - 1)
+            return step()
         tr.train_step = timed
         tr.fit(resume=False)
-        marks.append((time.perf_counter(), time.process_time()))
+        sync(); marks.append((time.perf_counter(), time.process_time()))
     return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])][warmup:]
 
 def one(arm, precision, steps, warmup):
@@ -139,21 +165,40 @@ def one(arm, precision, steps, warmup):
     if arm.startswith('wf_'): model = wf_bitnet(model)
     if arm == 'wf_fakequant':
         from wf_nb.quant import BitLinear; BitLinear.int_forward = False
+    if arm == 'wf_cublas':
+        from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
     run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop, 'wf_fakequant': plain_loop,
-           'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop}[arm]
+           'wf_cublas': plain_loop, 'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop}[arm]
+    flops_per_token = None
+    if DEVICE == 'cuda':
+        from wf_nb.train import train_flops_per_token, peak_flops
+        flops_per_token, peak = train_flops_per_token(model, S), peak_flops('cuda')
+        if arm != 'wf_trainer' and arm != 'hf_trainer': model.to(DEVICE)
     import gc; gc.collect()
     fresh = reset_peak_rss()
+    if DEVICE == 'cuda': torch.cuda.reset_peak_memory_stats()
     times = run(model, data, precision, warmup)
-    print(json.dumps({'train_peak_rss_mb': train_peak_rss_mb() if fresh else None, 'arm': arm, 'precision': precision, 'tokens_per_s': B * S / statistics.median(w for w, c in times),
+    tps = B * S / statistics.median(w for w, c in times)
+    print(json.dumps({'train_peak_rss_mb': train_peak_rss_mb() if fresh else None, 'arm': arm, 'precision': precision, 'tokens_per_s': tps,
                       'tokens_per_cpu_s': B * S / statistics.median(c for w, c in times),
-                      'steps_timed': len(times), 'peak_rss_mb': peak_rss_mb(), 'threads': torch.get_num_threads()}))
+                      'steps_timed': len(times), 'peak_rss_mb': peak_rss_mb(), 'threads': torch.get_num_threads(),
+                      'cuda_peak_mb': torch.cuda.max_memory_allocated() / 2**20 if DEVICE == 'cuda' else None,
+                      'mfu': tps * flops_per_token / peak if DEVICE == 'cuda' and peak else None,
+                      'device': torch.cuda.get_device_name() if DEVICE == 'cuda' else 'cpu'}))
 
 def layer_kind(name):
     leaf = name.rsplit('.', 1)[-1]
     return 'lm_head' if leaf == 'lm_head' else leaf if leaf.endswith(('_proj', 'norm', 'embed_tokens')) else None
 
+def _dev_time(e, self_=True):
+    "An event's (self) device time in us, across torch versions (`device_time` replaced `cuda_time`)."
+    for k in (('self_device_time_total', 'self_cuda_time_total') if self_ else ('device_time_total', 'cuda_time_total')):
+        v = getattr(e, k, None)
+        if v is not None: return v
+    return 0
+
 def profile(arm, precision, steps, warmup):
-    "One arm under torch.profiler: forward time per layer kind (module hooks) and the top operators."
+    "One arm under torch.profiler: forward time per layer kind (module hooks) and the top operators (CPU; and kernels on CUDA)."
     import torch
     from torch.profiler import profile as tprofile, record_function, ProfilerActivity
     torch.manual_seed(0)
@@ -163,8 +208,8 @@ def profile(arm, precision, steps, warmup):
     if arm.startswith('wf_'): model = wf_bitnet(model)
     if arm == 'wf_fakequant':
         from wf_nb.quant import BitLinear; BitLinear.int_forward = False
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    plain_loop(model, data[:warmup], precision, warmup, opt)   # one optimizer: its state is made in the warm-up, not profiled
+    if arm == 'wf_cublas':
+        from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
     open_ = {}
     def pre(name):
         def f(m, a): open_[name] = record_function(f'fwd::{layer_kind(name)}'); open_[name].__enter__()
@@ -172,19 +217,48 @@ def profile(arm, precision, steps, warmup):
     def post(name):
         def f(m, a, o): open_.pop(name).__exit__(None, None, None)
         return f
-    for n, m in model.named_modules():
-        if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
-    with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == 'cuda' else [])
+    prof = tprofile(activities=acts)
+    if arm == 'wf_trainer':   # the whole Trainer step (metrics, clipping, logging); profile the step after the warm-up
+        for n, m in model.named_modules():
+            if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
+        def on_step(i):
+            if i == warmup: prof.start(); t0[0] = time.perf_counter()
+        t0 = [0.0]
+        wf_trainer_loop(model, data, precision, warmup, on_step)   # its last mark is after a sync: one whole step profiled
+        sync(); wall = time.perf_counter() - t0[0]; prof.stop()
+    else:
+        model.to(DEVICE)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        plain_loop(model, data[:warmup], precision, warmup, opt)   # one optimizer: its state is made in the warm-up, not profiled
+        for n, m in model.named_modules():
+            if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
+        prof.start(); t0 = time.perf_counter()
         plain_loop(model, data[warmup:], precision, 0, opt)
+        wall = time.perf_counter() - t0; prof.stop()
     ev = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ev) / 1e3
-    print(f"\n{arm} / {precision}: one training step, {total:.0f} ms CPU in all\n")
-    print("| forward of layer kind | ms | share |\n|---|---|---|")
-    for e in sorted((e for e in ev if e.key.startswith('fwd::')), key=lambda e: -e.cpu_time_total):
-        print(f"| {e.key[5:]} | {e.cpu_time_total / 1e3:.1f} | {e.cpu_time_total / 1e3 / total:.1%} |")
-    print("\n| operator (self time, forward + backward) | calls | ms | share |\n|---|---|---|---|")
-    for e in sorted((e for e in ev if not e.key.startswith('fwd::')), key=lambda e: -e.self_cpu_time_total)[:18]:
+    gpu = DEVICE == 'cuda'
+    kernels = {}   # GPU kernel name -> [launches, us]: device-side events that are not record_function annotations
+    for e in (prof.events() if gpu else []):
+        if str(e.device_type).endswith('CUDA') and not getattr(e, 'is_user_annotation', False):
+            k = kernels.setdefault(e.name, [0, 0.0]); k[0] += 1; k[1] += e.time_range.elapsed_us()
+    kern = sum(us for _, us in kernels.values()) / 1e3
+    print(f"\n{arm} / {precision} on {DEVICE}: one training step, {wall * 1e3:.0f} ms wall, {total:.0f} ms CPU in all"
+          + (f", {kern:.0f} ms of GPU kernels (the GPU idles {max(0, 1 - kern / (wall * 1e3)):.0%} of the step)" if gpu else '') + "\n")
+    # on CUDA each range is also a GPU-side annotation (no CPU time): the span from its first kernel to its last, gaps included
+    span = {e.key: _dev_time(e, False) for e in ev if e.key.startswith('fwd::') and e.cpu_time_total == 0}
+    print("| forward of layer kind | CPU ms | share |" + (" GPU kernels ms | GPU span ms |" if gpu else '') + "\n|---|---|---|" + ("---|---|" if gpu else ''))
+    for e in sorted((e for e in ev if e.key.startswith('fwd::') and e.cpu_time_total > 0), key=lambda e: -e.cpu_time_total):
+        print(f"| {e.key[5:]} | {e.cpu_time_total / 1e3:.1f} | {e.cpu_time_total / 1e3 / total:.1%} |"
+              + (f" {_dev_time(e, False) / 1e3:.1f} | {span.get(e.key, 0) / 1e3:.1f} |" if gpu else ''))
+    print("\n| operator (self time, forward + backward) | calls | CPU ms | share |\n|---|---|---|---|")
+    for e in sorted((e for e in ev if not e.key.startswith('fwd::') and e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)[:18]:
         print(f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / 1e3 / total:.1%} |")
+    if gpu:
+        print(f"\n| GPU kernel | calls | GPU ms | share of {kern:.0f} ms |\n|---|---|---|---|")
+        for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:24]:
+            print(f"| {name[:90]} | {n} | {us / 1e3:.2f} | {us / 1e3 / kern:.1%} |")
 
 def split(rounds, precision):
     "fp, wf_nb (integer forward) and wf_nb (fake-quant forward) in ONE process, steps alternating: thread CPU-s of forward / backward."
@@ -234,6 +308,7 @@ def saved(arms, precision):
     for arm, a, s in rows: print(f"| {arm} | {a:.0f} | {s:.0f} | {a + s:.0f} | {(a + s) / fp:.2f}x |" if fp else f"| {arm} | {a:.0f} | {s:.0f} | {a + s:.0f} | |")
 
 def main():
+    global B, S, DEVICE, CONFIG
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--steps', type=int, default=6); ap.add_argument('--warmup', type=int, default=2)
     ap.add_argument('--precisions', default='fp32,bf16'); ap.add_argument('--arms', default=','.join(ARMS))
@@ -242,7 +317,12 @@ def main():
     ap.add_argument('--profile', metavar='ARM')
     ap.add_argument('--split', type=int, metavar='ROUNDS', help='fp / wf_bitlinear / wf_fakequant in one process, forward and backward apart')
     ap.add_argument('--saved', action='store_true', help='tensor memory at the end of the forward, per arm (fp, hf_autobitlinear, wf_bitlinear)')
+    ap.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
+    ap.add_argument('--config', help='HF config.json (or its folder): a random-weight model and random tokens instead of SmolLM2 + Shakespeare')
+    ap.add_argument('--batch-size', type=int, default=B); ap.add_argument('--seq-len', type=int, default=S)
     a = ap.parse_args()
+    B, S, DEVICE, CONFIG = a.batch_size, a.seq_len, a.device, a.config
+    if DEVICE == 'cuda' and a.arms == ','.join(ARMS): a.arms = 'fp,hf_autobitlinear,wf_bitlinear,wf_cublas,wf_fakequant,wf_trainer'
     if a.saved:
         for prec in a.precisions.split(','): saved(['fp', 'hf_autobitlinear', 'wf_bitlinear'], prec)
         return
@@ -257,13 +337,17 @@ def main():
     for rnd in range(a.repeats):
         for prec in a.precisions.split(','):
             for arm in arms[rnd % len(arms):] + arms[:rnd % len(arms)]:
-                r = subprocess.run([sys.executable, __file__, '--one', arm, prec, '--steps', str(a.steps), '--warmup', str(a.warmup)],
+                r = subprocess.run([sys.executable, __file__, '--one', arm, prec, '--steps', str(a.steps), '--warmup', str(a.warmup),
+                                    '--batch-size', str(B), '--seq-len', str(S), '--device', DEVICE] + (['--config', CONFIG] if CONFIG else []),
                                    capture_output=True, text=True, env={**os.environ, 'WANDB_MODE': 'disabled'})
                 line = [l for l in r.stdout.splitlines() if l.startswith('{')]
                 if r.returncode or not line: print(f"{arm}/{prec} failed:\n{r.stderr[-2000:]}", file=sys.stderr); continue
                 res.append({**json.loads(line[-1]), 'round': rnd})
-                print(f"  round {rnd} {arm}/{prec}: {res[-1]['tokens_per_s']:.0f} tok/s, {res[-1]['tokens_per_cpu_s']:.0f} tok/CPU-s", file=sys.stderr)
-    print(f"\nStage-2 training step, SmolLM2-135M-Instruct (Q4_1), batch {B} x {S}, median of {a.steps} steps after {a.warmup} warmup, "
+                r1 = res[-1]
+                print(f"  round {rnd} {arm}/{prec}: {r1['tokens_per_s']:.0f} tok/s, {r1['tokens_per_cpu_s']:.0f} tok/CPU-s"
+                      + (f", MFU {r1['mfu']:.1%}, peak {r1['cuda_peak_mb']:.0f} MB" if r1.get('mfu') else ''), file=sys.stderr)
+    if DEVICE == 'cuda': return gpu_table(res, arms, a)
+    print(f"\nStage-2 training step, {CONFIG or 'SmolLM2-135M-Instruct (Q4_1)'}, batch {B} x {S}, median of {a.steps} steps after {a.warmup} warmup, "
           f"{a.repeats} interleaved round(s), CPU {res[0]['threads'] if res else '?'} threads\n")
     print("| arm | precision | tokens/s (wall) | tokens per CPU-s | vs fp (CPU) [min-max] | vs fp (wall) | peak RSS MB | training peak RSS MB |\n|---|---|---|---|---|---|---|---|")
     med = statistics.median
@@ -277,6 +361,22 @@ def main():
             ratio = f"{med(cpu):.2f}x [{min(cpu):.2f}-{max(cpu):.2f}]" if cpu else ''
             print(f"| {arm} | {prec} | {med(r['tokens_per_s'] for r in rs):.0f} | {med(r['tokens_per_cpu_s'] for r in rs):.0f} | {ratio} | "
                   f"{med(wall):.2f}x | {med(r['peak_rss_mb'] for r in rs):.0f} | {med(r.get('train_peak_rss_mb') or 0 for r in rs):.0f} |" if wall else '')
+
+def gpu_table(res, arms, a):
+    "The GPU table: wall tokens/s (synchronized per step), ratio to fp in the same round, MFU, peak CUDA memory."
+    med = statistics.median
+    print(f"\nTraining step on {res[0]['device'] if res else '?'}, {CONFIG or 'SmolLM2-135M'} (random weights), batch {B} x {S}, "
+          f"median of {a.steps} steps after {a.warmup} warmup, {a.repeats} interleaved round(s)\n")
+    print("| arm | precision | tokens/s | vs fp [min-max] | MFU | peak CUDA memory MB |\n|---|---|---|---|---|---|")
+    for prec in a.precisions.split(','):
+        fp = {r['round']: r for r in res if r['arm'] == 'fp' and r['precision'] == prec}
+        for arm in arms:
+            rs = [r for r in res if r['arm'] == arm and r['precision'] == prec]
+            if not rs: continue
+            q = [r['tokens_per_s'] / fp[r['round']]['tokens_per_s'] for r in rs if r['round'] in fp]
+            mfu = med(r['mfu'] for r in rs) if rs[0]['mfu'] is not None else None
+            print(f"| {arm} | {prec} | {med(r['tokens_per_s'] for r in rs):.0f} | " + (f"{med(q):.2f}x [{min(q):.2f}-{max(q):.2f}]" if q else '')
+                  + f" | {f'{mfu:.1%}' if mfu is not None else ''} | {med(r['cuda_peak_mb'] for r in rs):.0f} |")
 
 if __name__ == '__main__':
     main()
