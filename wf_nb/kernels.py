@@ -353,6 +353,15 @@ def _int_rescale_cuda(xq, xs, wq, ws, bias, out_dtype):
 
 if HAS_TRITON: register_int_rescale('cuda', _int_rescale_cuda)   # BitLinear's integer forward on CUDA
 
+# %% ../nbs/02_kernels.ipynb #b3e5a7c9
+def _int_rescale_cublas(*args):
+    "`wf_nb.quant.int_rescale` with the fused kernel unregistered for the call: `torch._int_mm` and PyTorch's rescale."
+    from wf_nb.quant import int_rescale, _INT_RESCALE
+    fused = _INT_RESCALE.pop('cuda', None)
+    try: return int_rescale(*args)
+    finally:
+        if fused is not None: _INT_RESCALE['cuda'] = fused
+
 # %% ../nbs/02_kernels.ipynb #9b2e089b
 class PackedBitLinear(nn.Module):
     "Inference-only ternary linear: packed 2-bit weights, per-tensor scale, int8 activations."
@@ -417,12 +426,8 @@ def bench(f, n: int = 20, warmup: int = 2) -> float:
 # %% ../nbs/02_kernels.ipynb #a1f4c7e0
 def int8_gemm_table(ms=(512, 8192, 16384), shapes=((576, 1536), (1536, 576), (576, 576), (1024, 3072), (3072, 1024), (2560, 9728))):
     "GPU: time bf16 `F.linear`, cuBLAS `_int_mm` + PyTorch rescale, and the fused kernel per `(M, K, N)`; check they agree; print."
-    from wf_nb.quant import int_rescale, _INT_RESCALE, _ACT_Q, _NORM_Q, _norm_codes_eager
-    def cublas(*a):
-        fused = _INT_RESCALE.pop('cuda', None)
-        try: return int_rescale(*a)
-        finally:
-            if fused is not None: _INT_RESCALE['cuda'] = fused
+    from wf_nb.quant import _ACT_Q, _NORM_Q, _norm_codes_eager
+    cublas = _int_rescale_cublas
     torch.manual_seed(0)
     print(f"{'M':>6} {'K':>5} {'N':>5} {'bf16 us':>9} {'cuBLAS int8 us':>15} {'fused us':>9} {'fused vs bf16':>14} {'fused TOP/s':>12}")
     for m in ms:

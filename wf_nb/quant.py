@@ -192,8 +192,12 @@ def _act_codes_eager(x2: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.T
 # one read of x2, one int8 write (eager: a copy and six passes over fp32); the same codes and scales bit for bit
 _ACT_Q = CompiledOrEager(act_quant_int, _act_codes_eager, dynamic=True)
 
+def _fused_act_codes(device_type: str, act_bits: int):
+    "The registered fused quantizer for `device_type` (8-bit codes only; off with `BitLinear.use_triton = False`), or None."
+    return _ACT_CODES.get(device_type) if act_bits == 8 and BitLinear.use_triton else None
+
 def _act_codes(x2: torch.Tensor, act_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    fused = _ACT_CODES.get(x2.device.type) if act_bits == 8 and BitLinear.use_triton else None
+    fused = _fused_act_codes(x2.device.type, act_bits)
     return fused(x2) if fused is not None else _ACT_Q(x2, act_bits)
 
 _ACT_MEMO = [None]   # (input tensor, its state, codes, scales) of the last plain integer forward
@@ -219,7 +223,7 @@ def _norm_codes_eager(x2, norm_w, eps: float, bits: int):
     xn = _scratch(x2.shape, x2.device).copy_(x2)
     r = torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + eps)
     xn.mul_(r).mul_(norm_w.float())
-    fused = _ACT_CODES.get(xn.device.type) if bits == 8 and BitLinear.use_triton else None
+    fused = _fused_act_codes(xn.device.type, bits)
     return *(fused(xn) if fused is not None else _act_codes_(xn, bits)), r
 
 # one read of x2 and one int8 write, instead of ~10 eager passes (the mean may round differently in its last bit)

@@ -102,6 +102,17 @@ def wf_bitnet(model):
     from wf_nb.config import get_config
     return convert(model, get_config().quant).train()
 
+def arm_model(arm):
+    "The model `arm` trains: FP, transformers' AutoBitLinear or wf_nb's BitLinear, with the arm's forward switches set."
+    model = fp_model()
+    if arm.startswith('hf_'): model = hf_bitnet(model)
+    if arm.startswith('wf_'): model = wf_bitnet(model)
+    if arm == 'wf_fakequant':
+        from wf_nb.quant import BitLinear; BitLinear.int_forward = False
+    if arm == 'wf_cublas':
+        from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
+    return model
+
 def plain_loop(model, data, precision, warmup, opt=None):
     import torch
     opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
@@ -160,13 +171,7 @@ def one(arm, precision, steps, warmup):
     import torch
     torch.manual_seed(0)
     data = batches(steps + warmup)
-    model = fp_model()
-    if arm in ('hf_autobitlinear', 'hf_trainer'): model = hf_bitnet(model)
-    if arm.startswith('wf_'): model = wf_bitnet(model)
-    if arm == 'wf_fakequant':
-        from wf_nb.quant import BitLinear; BitLinear.int_forward = False
-    if arm == 'wf_cublas':
-        from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
+    model = arm_model(arm)
     run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop, 'wf_fakequant': plain_loop,
            'wf_cublas': plain_loop, 'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop}[arm]
     flops_per_token = None
@@ -203,13 +208,7 @@ def profile(arm, precision, steps, warmup):
     from torch.profiler import profile as tprofile, record_function, ProfilerActivity
     torch.manual_seed(0)
     data = batches(warmup + 1)
-    model = fp_model()
-    if arm.startswith('hf_'): model = hf_bitnet(model)
-    if arm.startswith('wf_'): model = wf_bitnet(model)
-    if arm == 'wf_fakequant':
-        from wf_nb.quant import BitLinear; BitLinear.int_forward = False
-    if arm == 'wf_cublas':
-        from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
+    model = arm_model(arm)
     open_ = {}
     def pre(name):
         def f(m, a): open_[name] = record_function(f'fwd::{layer_kind(name)}'); open_[name].__enter__()
@@ -290,9 +289,7 @@ def saved(arms, precision):
     rows = []
     for arm in arms:
         torch.manual_seed(0)
-        model = fp_model()
-        if arm == 'hf_autobitlinear': model = hf_bitnet(model)
-        if arm.startswith('wf_'): model = wf_bitnet(model)
+        model = arm_model(arm)
         storages = {}
         def pack(t): storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes(); return t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
