@@ -87,6 +87,7 @@ class TrainingConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0              # 0 disables clipping
+    compile: bool = False               # torch.compile each decoder block (wf_nb.train.compile_blocks); eager while lambda ramps
     loss_chunk: int = 0                 # LM loss over N positions at a time, logits never stored whole (long context x big vocab); 0 = off
     precision: str = 'auto'             # auto (bf16 where the hardware has it, else fp32) | fp32 | bf16 (autocast)
     seed: int = 42

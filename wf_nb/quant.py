@@ -15,8 +15,8 @@ __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'Co
            'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes',
            'register_int_rescale', 'register_fake_quant', 'weight_codes', 'cached_weight_codes', 'shared_act_codes',
            'norm_act_codes', 'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN',
-           'fuse_subln', 'FusedInputNorm', 'fuse_input_norm', 'bitlinears', 'set_lambda', 'quant_state',
-           'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
+           'fuse_subln', 'FusedInputNorm', 'fuse_input_norm', 'traced_forward', 'bitlinears', 'set_lambda',
+           'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,6 +379,7 @@ class BitLinear(nn.Linear):
         return f if f is not None and f.handed(x) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling(): return traced_forward(self, x)   # plain tensor ops for the compiler
         if self.fuses_norm():   # int8 GEMM, SubLN inside
             norm = self.input_norm(x)
             if self._fused_norm: self._fused_norm[0].release()
@@ -415,6 +416,7 @@ class FusedSubLN(RMSNorm):
         return lin if isinstance(lin, BitLinear) and next(iter(lin._fused_norm), None) is self else None
 
     def forward(self, x):
+        if torch.compiler.is_compiling(): return self.normalize(x)   # the compiler fuses it with the consumer's quantizer
         lin = self.consumer()
         if lin is None or not lin.fuses_norm(): return self.normalize(x)
         self._handed = x   # the layer normalizes exactly this tensor; any other input is taken as it comes
@@ -463,6 +465,7 @@ class FusedInputNorm(FusedSubLN):
     def release(self): pass   # the other consumers still need it; a weak reference keeps nothing alive
 
     def forward(self, x):
+        if torch.compiler.is_compiling(): return self.normalize(x)
         lins = self.consumers()
         if not lins or not all(l.fuses_norm() for l in lins): return self.normalize(x)
         y = _NormHandoff.apply(x, self.weight, self.variance_epsilon)
@@ -475,6 +478,46 @@ def fuse_input_norm(norm: nn.Module, parent: nn.Module, names) -> FusedInputNorm
     f.weight, f._handed, f._consumers = norm.weight, None, [[parent, n] for n in names]
     for n in names: getattr(parent, n)._fused_norm = [f]
     return f
+
+# %% ../nbs/01_quant.ipynb #c31cd002
+class _TracedIntLinear(torch.autograd.Function):
+    "`int_linear` in traceable tensor ops: quantizers, int8 GEMM, rescale; backward: the STE from the dequantized codes."
+    @staticmethod
+    def forward(ctx, x, w, bias, act_bits, out_dtype):
+        wq, ws = weight_quant_int(w)
+        xq, xs = act_quant_int(x.reshape(-1, x.shape[-1]), act_bits)
+        y = int8_mm(xq, wq).float() / (xs * ws)
+        if bias is not None: y = y + bias.float()
+        ctx.save_for_backward(xq, xs, wq, ws)
+        ctx.dtypes = (x.dtype, w.dtype, None if bias is None else bias.dtype)
+        return y.to(out_dtype).view(*x.shape[:-1], wq.shape[0])
+    @staticmethod
+    def backward(ctx, g):
+        xq, xs, wq, ws = ctx.saved_tensors
+        xdt, wdt, bdt = ctx.dtypes
+        g2 = g.reshape(-1, g.shape[-1])
+        dt = g2.dtype
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]: gx = ((g2 @ wq.to(dt)) / ws.to(dt)).to(xdt).view(*g.shape[:-1], wq.shape[1])
+        # Xq dequantized in one pass over [M, K] (the compiler fuses it), not g scaled over [M, N]: ~8% of a step on CPU
+        if ctx.needs_input_grad[1]: gw = (g2.t() @ (xq.float() / xs).to(dt)).to(wdt)
+        if bdt is not None and ctx.needs_input_grad[2]: gb = g2.sum(0).to(bdt)
+        return gx, gw, gb, None, None
+
+def traced_forward(mod: BitLinear, x: torch.Tensor) -> torch.Tensor:
+    "`mod(x)` in plain tensor ops (no caches, no norm hand-over): what a BitLinear runs under `torch.compile`."
+    if mod.rms_norm is not None: x = mod.rms_norm(x)
+    if mod.haar: x = haar_transform(x)
+    lam, w = mod.lam, mod.weight
+    if lam >= 1 and 0 < mod.act_bits <= 8 and BitLinear.int_forward:
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        with torch.autocast(dev, enabled=False):
+            return _TracedIntLinear.apply(x, w, mod.bias, mod.act_bits, out_dtype)
+    if lam > 0:
+        w = ste_quant(w, weight_quant, lam)
+        if mod.act_bits: x = ste_quant(x, lambda t: act_quant(t, mod.act_bits), lam)
+    return F.linear(x, w, mod.bias)
 
 # %% ../nbs/01_quant.ipynb #7d47eec1
 def bitlinears(model: nn.Module):

@@ -17,12 +17,12 @@ from .io import atomic_dir, atomic_write_text, sha256_file
 
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'PEAK_BF16_FLOPS', 'param_groups', 'build_optimizer', 'lr_factor', 'schedule_for', 'matmul_params',
-           'train_flops_per_token', 'peak_flops', 'rng_state', 'set_rng_state', 'is_fsdp', 'shard_model',
-           'tied_aliases', 'full_state_dicts', 'CheckpointError', 'save_checkpoint', 'verify_checkpoint',
-           'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'StepContext', 'hidden_states_as_logits',
-           'lm_step', 'count_tokens', 'CheckpointManager', 'Callback', 'StopSignals', 'LossEMA', 'Budget',
-           'ProgressBar', 'MetricsLog', 'TrainingDiverged', 'SpikeRollback', 'ProgressiveContext', 'Validation',
-           'make_accelerator', 'peak_memory_mb', 'Trainer', 'ListStream']
+           'train_flops_per_token', 'peak_flops', 'rng_state', 'set_rng_state', 'is_fsdp', 'model_blocks',
+           'shard_model', 'tied_aliases', 'full_state_dicts', 'compile_blocks', 'CheckpointError', 'save_checkpoint',
+           'verify_checkpoint', 'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'StepContext',
+           'hidden_states_as_logits', 'lm_step', 'count_tokens', 'CheckpointManager', 'Callback', 'StopSignals',
+           'LossEMA', 'Budget', 'ProgressBar', 'MetricsLog', 'TrainingDiverged', 'SpikeRollback', 'ProgressiveContext',
+           'Validation', 'make_accelerator', 'peak_memory_mb', 'Trainer', 'ListStream']
 
 # %% ../nbs/06_train.ipynb #2cd05c41
 def param_groups(model: nn.Module, weight_decay: float):
@@ -119,6 +119,11 @@ def is_fsdp(model: nn.Module) -> bool:
     except ImportError: return False
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
+def model_blocks(model: nn.Module) -> list[nn.Module]:
+    "The repeated blocks of `model`: its submodules whose class `model._no_split_modules` names (the decoder layers)."
+    names = set(getattr(model, '_no_split_modules', None) or ())
+    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+
 def shard_model(model: nn.Module, reshard_after_forward: bool = True) -> nn.Module:
     "FSDP2 over all ranks: `fully_shard` each block named in `model._no_split_modules`, then the root."
     import torch.distributed as dist
@@ -127,9 +132,7 @@ def shard_model(model: nn.Module, reshard_after_forward: bool = True) -> nn.Modu
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("shard_model needs an initialized process group: launch with `accelerate launch` or `torchrun`")
     mesh = init_device_mesh(next(model.parameters()).device.type, (dist.get_world_size(),))
-    blocks = set(getattr(model, '_no_split_modules', None) or ())
-    for m in list(model.modules()):
-        if m is not model and type(m).__name__ in blocks: fully_shard(m, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    for m in model_blocks(model): fully_shard(m, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return model
 
@@ -149,6 +152,18 @@ def full_state_dicts(model: nn.Module, optimizer=None) -> tuple[dict, dict | Non
     for alias in tied_aliases(model): msd.pop(alias, None)
     osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
     return msd, osd
+
+# %% ../nbs/06_train.ipynb #c31cd102
+def compile_blocks(model: nn.Module, **compile_kw) -> int:
+    "`torch.compile` each block of `model` (`model_blocks`) in place; returns how many. Compile before sharding."
+    if not hasattr(torch.compiler, 'set_stance'):   # the Trainer runs the lambda warm-up eagerly through it
+        raise ValueError(f"training.compile=true needs torch>=2.6 (this is {torch.__version__}); upgrade torch or set training.compile=false")
+    blocks = model_blocks(model)
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} names no repeated blocks in `_no_split_modules`: nothing to compile "
+                         "(set training.compile=false)")
+    for b in blocks: b.compile(**compile_kw)
+    return len(blocks)
 
 # %% ../nbs/06_train.ipynb #5fd775b4
 class CheckpointError(RuntimeError):
@@ -536,6 +551,7 @@ class Trainer:
         torch.manual_seed(self.t.seed)
         if cfg.model.gradient_checkpointing and hasattr(model, 'gradient_checkpointing_enable'):
             model.gradient_checkpointing_enable()
+        if self.t.compile: compile_blocks(model)
         self.max_steps = self.t.max_steps
         self.sharded = cfg.distributed.strategy == 'fsdp' and self.acc.num_processes > 1
         _check_sharding(cfg, self.sharded)
@@ -639,6 +655,12 @@ def _set_lambda(self: Trainer):
     return lam if set_lambda(self.model, lam) else None
 
 @patch
+def _compile_stance(self: Trainer):
+    "Run eagerly while `lam` ramps (compiled blocks specialize on it: a new value each step would recompile each step)."
+    lam = self.last_lambda
+    return torch.compiler.set_stance('force_eager') if self.t.compile and lam is not None and 0 < lam < 1 else _nullctx()
+
+@patch
 def _record_quant(self: Trainer):
     "Write the lambda the model was last trained at, and the lineage's quantized steps, into its config (saved with it)."
     from wf_nb.quant import record_quant_state
@@ -673,22 +695,23 @@ def train_step(self: Trainer) -> dict:
     n_global = int(acc.reduce(torch.tensor(n_local, device=acc.device), 'sum')) if acc.num_processes > 1 else n_local
     ctx = StepContext(self.step, self.max_steps, acc.device, self.cfg)
     sums, loss_sum = {}, 0.0
-    for i, b in enumerate(micro):
-        w = counts[i] / max(1, n_global)
-        sync = i == len(micro) - 1
-        with (acc.no_sync(model) if not sync and acc.num_processes > 1 else _nullctx()), acc.autocast():
-            res = self.step_fn(model, b, ctx)
-            loss = res['loss']
-            for cb in self.callbacks: loss = cb.after_loss(self, loss)
-            acc.backward(loss * w * acc.num_processes)
-        loss_sum = loss_sum + loss.detach().double() * w   # tensors: no host sync per micro-batch
-        rc, rn = res.pop('row_ce', None), res.pop('row_n', None)
-        if rc is not None and 'source_ids' in b and len(self.source_names):
-            self._src.index_add_(0, b['source_ids'].to(self._src.device), torch.stack([rc.double(), rn.double()], 1).to(self._src))
-        for k, v in res.items():
-            if k == 'loss': continue
-            v = v.detach().double() if torch.is_tensor(v) else v
-            if isinstance(v, (int, float, torch.Tensor)): sums[k] = sums.get(k, 0.0) + (v if k in ('n_tokens', 'n_correct') else v * w)
+    with self._compile_stance():
+        for i, b in enumerate(micro):
+            w = counts[i] / max(1, n_global)
+            sync = i == len(micro) - 1
+            with (acc.no_sync(model) if not sync and acc.num_processes > 1 else _nullctx()), acc.autocast():
+                res = self.step_fn(model, b, ctx)
+                loss = res['loss']
+                for cb in self.callbacks: loss = cb.after_loss(self, loss)
+                acc.backward(loss * w * acc.num_processes)
+            loss_sum = loss_sum + loss.detach().double() * w   # tensors: no host sync per micro-batch
+            rc, rn = res.pop('row_ce', None), res.pop('row_n', None)
+            if rc is not None and 'source_ids' in b and len(self.source_names):
+                self._src.index_add_(0, b['source_ids'].to(self._src.device), torch.stack([rc.double(), rn.double()], 1).to(self._src))
+            for k, v in res.items():
+                if k == 'loss': continue
+                v = v.detach().double() if torch.is_tensor(v) else v
+                if isinstance(v, (int, float, torch.Tensor)): sums[k] = sums.get(k, 0.0) + (v if k in ('n_tokens', 'n_correct') else v * w)
     loss_sum, sums = _host_floats(loss_sum, sums, acc.device)   # one device -> host copy per step
     if acc.num_processes > 1:   # every logged term is a token-weighted share of the global mean: sum over ranks
         keys = sorted(sums)
@@ -714,7 +737,7 @@ def evaluate(self: Trainer) -> float | None:
             if b is None: model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=self.acc.device)); continue
         elif b is None: break
         b = {k: v.to(self.acc.device) if torch.is_tensor(v) else v for k, v in b.items()}
-        with self.acc.autocast(): res = self.eval_step_fn(model, b, ctx)
+        with self.acc.autocast(), self._compile_stance(): res = self.eval_step_fn(model, b, ctx)
         k = count_tokens(b); tot += float(res['loss']) * k; n += k
     model.train()
     if self.acc.num_processes > 1:

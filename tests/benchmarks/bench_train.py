@@ -8,6 +8,9 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
   wf_trainer          wf_nb's converted model trained by wf_nb's Trainer (Stage 2 loss, metrics, no checkpoints)
   wf_fakequant        wf_bitlinear with the fake-quant forward (WF_NB_INT_FORWARD=0, the transformers-exact path)
   wf_cublas           wf_bitlinear with the GEMM + rescale through cuBLAS `_int_mm` instead of the fused Triton kernel (CUDA)
+  fp_compiled, wf_compiled, wf_trainer_compiled
+                      fp / wf_bitlinear / wf_trainer with each decoder block compiled (wf_nb.train.compile_blocks,
+                      `training.compile=true`); the compilation happens in the warm-up steps (--warmup 2 at least)
 
     python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...] [--repeats 3]
     python tests/benchmarks/bench_train.py --profile wf_bitlinear [--precisions bf16]   # where the time goes
@@ -22,6 +25,7 @@ Arms are interleaved: each of `--repeats` rounds runs every arm once (the order 
 per CPU-second (process CPU time, steadier than wall time when other processes share the cores), the ratio to `fp`
 at the same precision (median over rounds, and the min-max spread), the process's peak RSS (model conversion
 included) and the peak RSS of the training steps alone (counted from after the model is built; Linux only).
+Every arm runs without a KV cache (`use_cache=False`), as training does.
 `--profile ARM` runs one arm under torch.profiler and prints the time per layer kind (forward, from module hooks)
 and the top operators (forward and backward).
 `--saved` counts tensor memory where training peaks, at the end of the forward: every storage saved for the backward
@@ -111,6 +115,8 @@ def arm_model(arm):
         from wf_nb.quant import BitLinear; BitLinear.int_forward = False
     if arm == 'wf_cublas':
         from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
+    if arm in ('fp_compiled', 'wf_compiled'):
+        from wf_nb.train import compile_blocks; compile_blocks(model)
     return model
 
 def plain_loop(model, data, precision, warmup, opt=None):
@@ -121,7 +127,7 @@ def plain_loop(model, data, precision, warmup, opt=None):
         b = {k: v.to(DEVICE) for k, v in b.items()}
         sync(); t0, c0 = time.perf_counter(), time.process_time()
         with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == 'bf16'):
-            loss = model(**b).loss
+            loss = model(**b, use_cache=False).loss   # training: no KV cache (a compiled block would recompile on its state)
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
         sync()
         if i >= warmup: times.append((time.perf_counter() - t0, time.process_time() - c0))
@@ -145,13 +151,13 @@ def hf_trainer_loop(model, data, precision, warmup):
         Trainer(model=model, args=args, train_dataset=DS(), callbacks=[Clock()]).train()
     return times
 
-def wf_trainer_loop(model, data, precision, warmup, on_step=None):
+def wf_trainer_loop(model, data, precision, warmup, on_step=None, compile=False):
     from wf_nb.config import get_config
     from wf_nb.train import Trainer, ListStream
     import torch
     cfg = get_config([f'training.max_steps={len(data)}', f'training.batch_size={B}', f'data.seq_len={S}', 'training.lr=1e-5',
                       f'training.precision={precision}', 'training.save_interval=100000', 'logging.interval=1',
-                      'logging.progress=false', 'logging.wandb_mode=disabled'], stage='2')
+                      'logging.progress=false', 'logging.wandb_mode=disabled', f'training.compile={compile}'], stage='2')
     rows = torch.cat([b['input_ids'] for b in data])
     marks = []
     with tempfile.TemporaryDirectory() as d:
@@ -173,12 +179,14 @@ def one(arm, precision, steps, warmup):
     data = batches(steps + warmup)
     model = arm_model(arm)
     run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop, 'wf_fakequant': plain_loop,
-           'wf_cublas': plain_loop, 'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop}[arm]
+           'wf_cublas': plain_loop, 'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop,
+           'fp_compiled': plain_loop, 'wf_compiled': plain_loop,
+           'wf_trainer_compiled': lambda *a: wf_trainer_loop(*a, compile=True)}[arm]
     flops_per_token = None
     if DEVICE == 'cuda':
         from wf_nb.train import train_flops_per_token, peak_flops
         flops_per_token, peak = train_flops_per_token(model, S), peak_flops('cuda')
-        if arm != 'wf_trainer' and arm != 'hf_trainer': model.to(DEVICE)
+        if not arm.startswith(('wf_trainer', 'hf_trainer')): model.to(DEVICE)
     import gc; gc.collect()
     fresh = reset_peak_rss()
     if DEVICE == 'cuda': torch.cuda.reset_peak_memory_stats()
@@ -218,13 +226,13 @@ def profile(arm, precision, steps, warmup):
         return f
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == 'cuda' else [])
     prof = tprofile(activities=acts)
-    if arm == 'wf_trainer':   # the whole Trainer step (metrics, clipping, logging); profile the step after the warm-up
+    if arm.startswith('wf_trainer'):   # the whole Trainer step (metrics, clipping, logging); profile the step after the warm-up
         for n, m in model.named_modules():
             if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
         def on_step(i):
             if i == warmup: prof.start(); t0[0] = time.perf_counter()
         t0 = [0.0]
-        wf_trainer_loop(model, data, precision, warmup, on_step)   # its last mark is after a sync: one whole step profiled
+        wf_trainer_loop(model, data, precision, warmup, on_step, compile=arm.endswith('_compiled'))   # last mark after a sync: one whole step
         sync(); wall = time.perf_counter() - t0[0]; prof.stop()
     else:
         model.to(DEVICE)
