@@ -389,9 +389,10 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
                       'data.pin_memory', 'data.prefetch_factor',
                       'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus')   # where it is stored / what it runs on
 
-def git_info(path='.') -> dict:
-    "The current commit and whether the tree is dirty (`commit=''` outside a git checkout; `$WF_NB_COMMIT` when set)."
+def git_info(path=None) -> dict:
+    "The commit of the checkout at `path` (default: wf_nb's own, the code that runs) and whether it is dirty (`commit=''` outside git; `$WF_NB_COMMIT` when set)."
     if os.environ.get('WF_NB_COMMIT'): return {'commit': os.environ['WF_NB_COMMIT'], 'dirty': False}   # code shipped without .git (wf launch)
+    if path is None: path = Path(__file__).parent if '__file__' in globals() else '.'   # not the cwd: a user's own repo
     def run(*a):
         return subprocess.run(['git', *a], cwd=path, capture_output=True, text=True, timeout=20)
     try:
@@ -412,6 +413,6 @@ def fingerprint(cfg: WFConfig, commit: str | None = None, ignore=FINGERPRINT_IGN
     "SHA256 hex of the canonical config (minus `ignore`d dotted paths) and the git `commit`."
     d = cfg.to_dict()
     for p in ignore: _drop(d, p)
-    if commit is None: commit = git_info(Path(__file__).parent if '__file__' in globals() else '.')['commit']
+    if commit is None: commit = git_info()['commit']
     payload = json.dumps({'config': d, 'commit': commit}, sort_keys=True, separators=(',', ':'))
     return hashlib.sha256(payload.encode()).hexdigest()

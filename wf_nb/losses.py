@@ -19,6 +19,12 @@ def _shifted_valid(logits, labels, ignore_index=IGNORE_INDEX):
     valid = lb != ignore_index
     return lg[valid], lb[valid]          # gathers only the N scored rows (no copy of the full [B,S,V] logits)
 
+def _hits(logits, tgt, ignore_index=IGNORE_INDEX):
+    "How many scored positions have their label's logit the largest (top-1 hits; a tie for the largest counts as a hit)."
+    # a max-reduction and a gather instead of argmax, which is 3-6x slower on CPU over a 49k vocabulary (~3% of a step)
+    lab = logits.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return ((lab >= logits.amax(-1)) & (tgt != ignore_index)).sum()
+
 def _empty(t, *keep) -> dict:
     "A zero loss that keeps the graph of `t` (and of `keep`), with zero counts."
     z = t.sum() * 0.
@@ -36,11 +42,11 @@ def lm_loss(logits, labels, ignore_index=IGNORE_INDEX, per_row: bool = False) ->
     if 2 * n >= lb.numel():   # most positions scored (pretraining): shift the labels, not the logits, so the backward
         tgt = F.pad(lb, (0, 1), value=ignore_index)   # writes no zero-filled [B,S,V] slice/gather gradients
         loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), ignore_index=ignore_index, reduction='sum') / n
-        with torch.no_grad(): n_correct = ((logits.argmax(-1) == tgt) & (tgt != ignore_index)).sum()
+        with torch.no_grad(): n_correct = _hits(logits, tgt, ignore_index)
     else:                     # few scored positions (SFT): gather just those rows
         rows, tgt = _shifted_valid(logits, labels, ignore_index)
         loss = F.cross_entropy(rows.float(), tgt, reduction='sum') / n
-        with torch.no_grad(): n_correct = (rows.argmax(-1) == tgt).sum()
+        with torch.no_grad(): n_correct = _hits(rows, tgt)
     return dict(loss=loss, n_tokens=torch.tensor(n, device=logits.device), n_correct=n_correct)
 
 def _lm_loss_rows(logits, labels, ignore_index=IGNORE_INDEX) -> dict:
@@ -49,13 +55,13 @@ def _lm_loss_rows(logits, labels, ignore_index=IGNORE_INDEX) -> dict:
     valid = tgt != ignore_index
     ce = F.cross_entropy(lg.float().flatten(0, 1), tgt.flatten(), ignore_index=ignore_index, reduction='none').view(tgt.shape)
     n = valid.sum()
-    with torch.no_grad(): n_correct = ((lg.argmax(-1) == tgt) & valid).sum()
+    with torch.no_grad(): n_correct = _hits(lg, tgt, ignore_index)
     return dict(loss=ce.sum() / n.clamp(min=1), n_tokens=n, n_correct=n_correct, row_ce=ce.detach().sum(1), row_n=valid.sum(1))
 
 # %% ../nbs/01a_losses.ipynb #e13e7462
 def _chunk_ce(h, w, b, tgt):
     lg = (h @ w.T if b is None else F.linear(h, w, b)).float()
-    return F.cross_entropy(lg, tgt, reduction='sum'), (lg.argmax(-1) == tgt).sum()
+    return F.cross_entropy(lg, tgt, reduction='sum'), _hits(lg, tgt)
 
 def chunked_lm_loss(hidden, weight, labels, chunk: int = 4096, bias=None, ignore_index=IGNORE_INDEX) -> dict:
     "`lm_loss(hidden @ weight.T + bias, labels)` computed `chunk` scored positions at a time, logits never stored."

@@ -12,7 +12,7 @@ import torch
 from .config import WFConfig, get_config
 from .runs import (Run, open_run, finish_run, find_runs, RunExistsError, default_runs_dir, run_output, portable_path,
                          lineage_of, lineage_parent)
-from .train import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp
+from .train import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp, compile_blocks
 from .quant import bitlinears
 
 # %% auto #0
@@ -144,6 +144,8 @@ def _teacher(cfg, source=None):
         m = load(source)
     else: m = load_fp_model(cfg.model, seed=cfg.training.seed)   # the lineage's original model (same seed as Stage 1)
     for p in m.parameters(): p.requires_grad_(False)
+    if cfg.training.compile:   # the teacher's forward is a third of a distillation step: compile its blocks too
+        compile_blocks(m)
     return m.eval()
 
 # %% ../nbs/07_stages.ipynb #2dbf4b54
