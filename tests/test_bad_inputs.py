@@ -105,7 +105,7 @@ def test_run_locked_by_another_process(w, tmp_path):
     from wf_nb.config import get_config, fingerprint
     from wf_nb.runs import run_id_for
     cfg = get_config(TINY[2:], stage='1', model='tiny_llama')
-    rdir = tmp_path/'runs'/run_id_for(cfg, fingerprint(cfg, ''))          # not a git checkout: commit ''
+    rdir = tmp_path/'runs'/run_id_for(cfg, fingerprint(cfg))              # the commit of wf_nb's checkout, as `wf` computes it
     holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from wf_nb.runs import lock_run; lock_run(sys.argv[1]); '
                                'print("ok", flush=True); time.sleep(120)', str(rdir)], stdout=subprocess.PIPE, text=True)
     try:
