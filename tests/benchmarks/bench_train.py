@@ -8,8 +8,8 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
   wf_trainer          wf_nb's converted model trained by wf_nb's Trainer (Stage 2 loss, metrics, no checkpoints)
   wf_fakequant        wf_bitlinear with the fake-quant forward (WF_NB_INT_FORWARD=0, the transformers-exact path)
   wf_cublas           wf_bitlinear with the GEMM + rescale through cuBLAS `_int_mm` instead of the fused Triton kernel (CUDA)
-  fp_compiled, wf_compiled, wf_trainer_compiled
-                      fp / wf_bitlinear / wf_trainer with each decoder block compiled (wf_nb.train.compile_blocks,
+  fp_compiled, hf_compiled, wf_compiled, wf_trainer_compiled
+                      fp / hf_autobitlinear / wf_bitlinear / wf_trainer with each decoder block compiled (wf_nb.train.compile_blocks,
                       `training.compile=true`); the compilation happens in the warm-up steps (--warmup 2 at least)
 
     python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...] [--repeats 3]
@@ -115,7 +115,7 @@ def arm_model(arm):
         from wf_nb.quant import BitLinear; BitLinear.int_forward = False
     if arm == 'wf_cublas':
         from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
-    if arm in ('fp_compiled', 'wf_compiled'):
+    if arm in ('fp_compiled', 'hf_compiled', 'wf_compiled'):
         from wf_nb.train import compile_blocks; compile_blocks(model)
     return model
 
@@ -180,7 +180,7 @@ def one(arm, precision, steps, warmup):
     model = arm_model(arm)
     run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop, 'wf_fakequant': plain_loop,
            'wf_cublas': plain_loop, 'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop,
-           'fp_compiled': plain_loop, 'wf_compiled': plain_loop,
+           'fp_compiled': plain_loop, 'hf_compiled': plain_loop, 'wf_compiled': plain_loop,
            'wf_trainer_compiled': lambda *a: wf_trainer_loop(*a, compile=True)}[arm]
     flops_per_token = None
     if DEVICE == 'cuda':
