@@ -9,10 +9,10 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from .config import DistillConfig
-from .losses import IGNORE_INDEX, lm_loss
+from .losses import IGNORE_INDEX, lm_loss, compilable
 
 # %% auto #0
-__all__ = ['real_tokens', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at', 'pretrain_distill_loss', 'decoder_layers',
+__all__ = ['real_tokens', 'kl_sum', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at', 'pretrain_distill_loss', 'decoder_layers',
            'layer_index', 'attention_module', 'capture_qkv', 'attention_relation_loss', 'stage3_loss',
            'kd_midtrain_loss']
 
@@ -40,14 +40,22 @@ def _positions(logits, mask=None, labels=None):
     if mask is None: return torch.ones(B, S, dtype=torch.bool, device=logits.device)
     return mask.bool()
 
+@compilable
+def kl_sum(student, teacher, T: float = 1.0, keep=None):
+    "`KL(softmax(teacher/T) || softmax(student/T))` of `[N, V]` logits in fp32, summed over the rows (those `keep` [N] marks)."
+    ls = F.log_softmax(student.float() / T, -1)
+    lt = F.log_softmax(teacher.detach().float() / T, -1)
+    if keep is None: return F.kl_div(ls, lt, log_target=True, reduction='sum')
+    return torch.where(keep, F.kl_div(ls, lt, log_target=True, reduction='none').sum(-1), 0.).sum()
+
 def kd_loss(student_logits, teacher_logits, mask=None, T: float = 1.0, labels=None):
     "`T^2 * KL(softmax(t/T) || softmax(s/T))` summed over the vocab, averaged over the selected positions."
     sel = _positions(student_logits, mask, labels)
     n = int(sel.sum())
     if n == 0: return student_logits.sum() * 0.
-    ls = F.log_softmax(student_logits[sel].float() / T, -1)
-    lt = F.log_softmax(teacher_logits.detach()[sel].float() / T, -1)
-    return F.kl_div(ls, lt, log_target=True, reduction='sum') / n * (T * T)
+    if 2 * n >= sel.numel(): kl = kl_sum(student_logits.flatten(0, 1), teacher_logits.flatten(0, 1), T, sel.flatten())
+    else: kl = kl_sum(student_logits[sel], teacher_logits[sel], T)   # few positions (SFT responses): gather them
+    return kl / n * (T * T)
 
 # %% ../nbs/05_distill.ipynb #bdb9e572
 def layerwise_loss(student_hidden, teacher_hidden, mask=None, skip_first: bool = True):

@@ -4,11 +4,12 @@
 
 # %% ../nbs/01a_losses.ipynb #54b0ad6d
 from __future__ import annotations
+import contextlib, contextvars, functools
 import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['IGNORE_INDEX', 'lm_loss', 'chunked_lm_loss']
+__all__ = ['IGNORE_INDEX', 'compiled_losses', 'compilable', 'ce_and_hits', 'lm_loss', 'chunked_lm_loss']
 
 # %% ../nbs/01a_losses.ipynb #15758514
 IGNORE_INDEX = -100
@@ -32,6 +33,34 @@ def _empty(t, *keep) -> dict:
     zero = torch.zeros((), dtype=torch.long, device=t.device)
     return dict(loss=z, n_tokens=zero, n_correct=zero.clone())
 
+# %% ../nbs/01a_losses.ipynb #c32cd011
+_COMPILED = contextvars.ContextVar('wf_nb_compiled_losses', default=False)
+
+@contextlib.contextmanager
+def compiled_losses(enabled: bool = True):
+    "Within the block, the `compilable` loss kernels run `torch.compile`d."
+    token = _COMPILED.set(enabled)
+    try: yield
+    finally: _COMPILED.reset(token)
+
+def compilable(fn):
+    "`fn`, run through `torch.compile` inside `compiled_losses()`, eagerly outside it; `.eager` is `fn` itself."
+    compiled = None
+    @functools.wraps(fn)
+    def run(*args, **kw):
+        nonlocal compiled
+        if not _COMPILED.get(): return fn(*args, **kw)
+        if compiled is None: compiled = torch.compile(fn)   # on first use: importing wf_nb stays free of dynamo
+        return compiled(*args, **kw)
+    run.eager = fn
+    return run
+
+@compilable
+def ce_and_hits(logits, tgt, ignore_index: int = IGNORE_INDEX, reduction: str = 'sum'):
+    "fp32 cross-entropy of `logits` `[..., V]` against `tgt` `[...]` (`reduction` 'sum' or 'none'), and its top-1 hits."
+    ce = F.cross_entropy(logits.flatten(0, -2).float(), tgt.flatten(), ignore_index=ignore_index, reduction=reduction)
+    return (ce if reduction == 'sum' else ce.view(tgt.shape)), _hits(logits.detach(), tgt, ignore_index)
+
 # %% ../nbs/01a_losses.ipynb #73f3ae8b
 def lm_loss(logits, labels, ignore_index=IGNORE_INDEX, per_row: bool = False) -> dict:
     "Mean next-token CE over non-ignored labels, with `n_tokens`, `n_correct`; `per_row`: also `row_ce`, `row_n` (detached)."
@@ -41,21 +70,18 @@ def lm_loss(logits, labels, ignore_index=IGNORE_INDEX, per_row: bool = False) ->
     if n == 0: return _empty(logits)
     if 2 * n >= lb.numel():   # most positions scored (pretraining): shift the labels, not the logits, so the backward
         tgt = F.pad(lb, (0, 1), value=ignore_index)   # writes no zero-filled [B,S,V] slice/gather gradients
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), ignore_index=ignore_index, reduction='sum') / n
-        with torch.no_grad(): n_correct = _hits(logits, tgt, ignore_index)
+        ce, n_correct = ce_and_hits(logits, tgt, ignore_index)
     else:                     # few scored positions (SFT): gather just those rows
         rows, tgt = _shifted_valid(logits, labels, ignore_index)
-        loss = F.cross_entropy(rows.float(), tgt, reduction='sum') / n
-        with torch.no_grad(): n_correct = _hits(rows, tgt)
-    return dict(loss=loss, n_tokens=torch.tensor(n, device=logits.device), n_correct=n_correct)
+        ce, n_correct = ce_and_hits(rows, tgt)
+    return dict(loss=ce / n, n_tokens=torch.tensor(n, device=logits.device), n_correct=n_correct)
 
 def _lm_loss_rows(logits, labels, ignore_index=IGNORE_INDEX) -> dict:
     "`lm_loss` from one per-token CE, plus each row's summed CE and scored-token count (a mixture's per-source loss)."
     lg, tgt = logits[:, :-1], labels[:, 1:]
     valid = tgt != ignore_index
-    ce = F.cross_entropy(lg.float().flatten(0, 1), tgt.flatten(), ignore_index=ignore_index, reduction='none').view(tgt.shape)
+    ce, n_correct = ce_and_hits(lg, tgt, ignore_index, reduction='none')
     n = valid.sum()
-    with torch.no_grad(): n_correct = _hits(lg, tgt, ignore_index)
     return dict(loss=ce.sum() / n.clamp(min=1), n_tokens=n, n_correct=n_correct, row_ce=ce.detach().sum(1), row_n=valid.sum(1))
 
 # %% ../nbs/01a_losses.ipynb #e13e7462

@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_train.ipynb #e0363604
 from __future__ import annotations
-import itertools, json, math, os, random, re, resource, shutil, signal, sys, time
+import contextlib, itertools, json, math, os, random, re, resource, shutil, signal, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,7 +22,7 @@ __all__ = ['OPTIMIZERS', 'PEAK_BF16_FLOPS', 'param_groups', 'build_optimizer', '
            'verify_checkpoint', 'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'StepContext',
            'hidden_states_as_logits', 'lm_step', 'count_tokens', 'CheckpointManager', 'Callback', 'StopSignals',
            'LossEMA', 'Budget', 'ProgressBar', 'MetricsLog', 'TrainingDiverged', 'SpikeRollback', 'ProgressiveContext',
-           'Validation', 'make_accelerator', 'peak_memory_mb', 'Trainer', 'ListStream']
+           'Validation', 'make_accelerator', 'peak_memory_mb', 'Trainer', 'fused_adam', 'ListStream']
 
 # %% ../nbs/06_train.ipynb #2cd05c41
 def param_groups(model: nn.Module, weight_decay: float):
@@ -655,10 +655,13 @@ def _set_lambda(self: Trainer):
     return lam if set_lambda(self.model, lam) else None
 
 @patch
+@contextlib.contextmanager
 def _compile_stance(self: Trainer):
-    "Run eagerly while `lam` ramps (compiled blocks specialize on it: a new value each step would recompile each step)."
+    "`training.compile`'s compiled losses; eager blocks while `lam` ramps (compiled code specializes on it: a new value each step would recompile each step)."
+    from wf_nb.losses import compiled_losses
     lam = self.last_lambda
-    return torch.compiler.set_stance('force_eager') if self.t.compile and lam is not None and 0 < lam < 1 else _nullctx()
+    ramp = self.t.compile and lam is not None and 0 < lam < 1
+    with compiled_losses(self.t.compile), (torch.compiler.set_stance('force_eager') if ramp else _nullctx()): yield
 
 @patch
 def _record_quant(self: Trainer):
@@ -717,10 +720,34 @@ def train_step(self: Trainer) -> dict:
         keys = sorted(sums)
         t = acc.reduce(torch.tensor([loss_sum] + [float(sums[k]) for k in keys], dtype=torch.float64, device=acc.device), 'sum').tolist()
         loss_sum, sums = t[0], dict(zip(keys, t[1:]))
+    return {'loss': loss_sum, 'grad_norm': self._clip_gradients(), 'lr': lr, 'lambda': lam, 'n_global': n_global, 'n_input': n_input, **sums}
+
+# %% ../nbs/06_train.ipynb #c32cd002
+def fused_adam(optimizer) -> bool:
+    "True for torch's fused Adam/AdamW, whose kernel divides each gradient by `optimizer.grad_scale` when set."
+    return isinstance(optimizer, torch.optim.Adam) and bool(optimizer.defaults.get('fused')) and hasattr(nn.utils, 'get_total_norm')
+
+@patch
+def _clip_gradients(self: Trainer, in_optimizer: bool | None = None) -> float:
+    "The gradients' total norm before clipping. Clips them to `training.grad_clip`, in place or in `_step_optimizer`."
     clip = self.t.grad_clip if self.t.grad_clip > 0 else float('inf')
-    gnorm = acc.clip_grad_norm_(model.parameters(), clip)
-    gnorm = float(gnorm.full_tensor() if hasattr(gnorm, 'full_tensor') else gnorm)   # FSDP2: a DTensor
-    return {'loss': loss_sum, 'grad_norm': gnorm, 'lr': lr, 'lambda': lam, 'n_global': n_global, 'n_input': n_input, **sums}
+    if in_optimizer is None: in_optimizer = fused_adam(self._opt()) and not self.sharded and self.acc.scaler is None
+    self._grad_divisor = None
+    if not in_optimizer:
+        norm = self.acc.clip_grad_norm_(self.model.parameters(), clip)
+        return float(norm.full_tensor() if hasattr(norm, 'full_tensor') else norm)   # FSDP2: a DTensor
+    norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None], foreach=True)
+    if math.isfinite(clip): self._grad_divisor = torch.clamp((norm + 1e-6) / clip, min=1.0)   # clip_grad_norm_'s 1e-6
+    return float(norm)
+
+@patch
+def _step_optimizer(self: Trainer):
+    "Apply the step's gradients (divided by the clip divisor inside a fused AdamW), then drop them."
+    divisor = self.__dict__.pop('_grad_divisor', None)
+    if divisor is not None: self._opt().grad_scale = divisor   # on torch's optimizer, inside accelerate's wrapper
+    try: self.optimizer.step()
+    finally: vars(self._opt()).pop('grad_scale', None)   # for this step only
+    self.optimizer.zero_grad(set_to_none=True)
 
 # %% ../nbs/06_train.ipynb #b2aa887f
 @patch
@@ -770,7 +797,7 @@ def fit(self: Trainer, resume=True) -> dict:
             self._event('before_step')
             m = self.train_step()
             if self.spikes(self, m): self._event('after_rollback'); continue   # never step on a bad loss or gradient
-            self.optimizer.step(); self.optimizer.zero_grad(set_to_none=True)
+            self._step_optimizer()
             self.step += 1
             self._account(m, time.perf_counter() - t0)
             self._event('after_step')   # loss EMA, cost, progress, metrics, validation, stop agreement
