@@ -86,8 +86,8 @@ def pretrain_distill_loss(student_out, teacher_out, labels, mask=None, step: int
     "Stage 1.9 / 2 loss `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise`, with every term (detached) for logging."
     cfg = cfg or DistillConfig()
     w = layerwise_weight_at(step, max_steps, cfg.layerwise_weight, cfg.layerwise_schedule)
-    lm = lm_loss(student_out.logits, labels)
-    loss, out = cfg.ce_weight * lm['loss'], {}
+    lm = lm_loss(student_out.logits if cfg.ce_weight else student_out.logits.detach(), labels)   # weight 0: logged, no backward
+    loss, out = (cfg.ce_weight * lm['loss'] if cfg.ce_weight else 0.), {}
     if cfg.kd_weight > 0:
         if teacher_out is None: raise ValueError("distill.kd_weight > 0 needs the teacher's output")
         kl = kd_loss(student_out.logits, teacher_out.logits, mask, cfg.kd_temperature)
@@ -97,6 +97,7 @@ def pretrain_distill_loss(student_out, teacher_out, labels, mask=None, step: int
             raise ValueError("the layer-wise term needs hidden states: call both models with output_hidden_states=True")
         lw = layerwise_loss(student_out.hidden_states, teacher_out.hidden_states, mask)
         loss = loss + w * lw; out['layerwise'] = lw.detach()
+    if not torch.is_tensor(loss): raise ValueError("every Stage 1.9 / 2 loss weight is 0 (distill.ce_weight, kd_weight, layerwise_weight): nothing to train")
     return dict(loss=loss, ce=lm['loss'].detach(), w=w, **out, n_tokens=lm['n_tokens'], n_correct=lm['n_correct'])
 
 # %% ../nbs/05_distill.ipynb #4b6ec534

@@ -11,6 +11,11 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
   fp_compiled, hf_compiled, wf_compiled, wf_trainer_compiled
                       fp / hf_autobitlinear / wf_bitlinear / wf_trainer with each decoder block compiled (wf_nb.train.compile_blocks,
                       `training.compile=true`); the compilation happens in the warm-up steps (--warmup 2 at least)
+  fp_trainer, fp_trainer_compiled
+                      the FP model trained by wf_nb's Trainer (eager / `training.compile=true`): the like-for-like peer of
+                      wf_trainer / wf_trainer_compiled, same loop, same loss, same metrics
+  wf_nosubln_compiled wf_compiled converted with quant.placement=none: wf_nb's BitLinear in transformers' layout (no SubLN),
+                      the like-for-like peer of hf_compiled
 
     python tests/benchmarks/bench_train.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--arms ...] [--repeats 3]
     python tests/benchmarks/bench_train.py --profile wf_bitlinear [--precisions bf16]   # where the time goes
@@ -101,21 +106,21 @@ def hf_bitnet(model):
     model.tie_weights()
     return model.train()
 
-def wf_bitnet(model):
+def wf_bitnet(model, placement='paper'):
     from wf_nb.convert import convert
     from wf_nb.config import get_config
-    return convert(model, get_config().quant).train()
+    return convert(model, get_config([f'quant.placement={placement}']).quant).train()
 
 def arm_model(arm):
     "The model `arm` trains: FP, transformers' AutoBitLinear or wf_nb's BitLinear, with the arm's forward switches set."
     model = fp_model()
     if arm.startswith('hf_'): model = hf_bitnet(model)
-    if arm.startswith('wf_'): model = wf_bitnet(model)
+    if arm.startswith('wf_'): model = wf_bitnet(model, 'none' if 'nosubln' in arm else 'paper')
     if arm == 'wf_fakequant':
         from wf_nb.quant import BitLinear; BitLinear.int_forward = False
     if arm == 'wf_cublas':
         from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
-    if arm in ('fp_compiled', 'hf_compiled', 'wf_compiled'):
+    if arm in ('fp_compiled', 'hf_compiled', 'wf_compiled', 'wf_nosubln_compiled'):
         from wf_nb.train import compile_blocks; compile_blocks(model)
     return model
 
@@ -180,13 +185,14 @@ def one(arm, precision, steps, warmup):
     model = arm_model(arm)
     run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop, 'wf_fakequant': plain_loop,
            'wf_cublas': plain_loop, 'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop,
-           'fp_compiled': plain_loop, 'hf_compiled': plain_loop, 'wf_compiled': plain_loop,
-           'wf_trainer_compiled': lambda *a: wf_trainer_loop(*a, compile=True)}[arm]
+           'fp_compiled': plain_loop, 'hf_compiled': plain_loop, 'wf_compiled': plain_loop, 'wf_nosubln_compiled': plain_loop,
+           'wf_trainer_compiled': lambda *a: wf_trainer_loop(*a, compile=True), 'fp_trainer': wf_trainer_loop,
+           'fp_trainer_compiled': lambda *a: wf_trainer_loop(*a, compile=True)}[arm]
     flops_per_token = None
     if DEVICE == 'cuda':
         from wf_nb.train import train_flops_per_token, peak_flops
         flops_per_token, peak = train_flops_per_token(model, S), peak_flops('cuda')
-        if not arm.startswith(('wf_trainer', 'hf_trainer')): model.to(DEVICE)
+        if not arm.startswith(('wf_trainer', 'hf_trainer', 'fp_trainer')): model.to(DEVICE)
     import gc; gc.collect()
     fresh = reset_peak_rss()
     if DEVICE == 'cuda': torch.cuda.reset_peak_memory_stats()
@@ -226,7 +232,7 @@ def profile(arm, precision, steps, warmup):
         return f
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == 'cuda' else [])
     prof = tprofile(activities=acts)
-    if arm.startswith('wf_trainer'):   # the whole Trainer step (metrics, clipping, logging); profile the step after the warm-up
+    if arm.startswith(('wf_trainer', 'fp_trainer')):   # the whole Trainer step (metrics, clipping, logging); profile the step after the warm-up
         for n, m in model.named_modules():
             if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
         def on_step(i):
