@@ -43,6 +43,8 @@ def compiled_losses(enabled: bool = True):
     try: yield
     finally: _COMPILED.reset(token)
 
+def _normal(x): return x.clone() if torch.is_tensor(x) and x.is_inference() else x
+
 def compilable(fn):
     "`fn`, run through `torch.compile` inside `compiled_losses()`, eagerly outside it; `.eager` is `fn` itself."
     compiled = None
@@ -51,6 +53,9 @@ def compilable(fn):
         nonlocal compiled
         if not _COMPILED.get(): return fn(*args, **kw)
         if compiled is None: compiled = torch.compile(fn)   # on first use: importing wf_nb stays free of dynamo
+        # a compiled graph may save any input for its backward, and autograd refuses to save an inference tensor
+        # (a teacher's logits from `torch.inference_mode()`): those go in as normal tensors
+        args = [_normal(a) for a in args]; kw = {k: _normal(v) for k, v in kw.items()}
         return compiled(*args, **kw)
     run.eager = fn
     return run
