@@ -46,7 +46,7 @@ def compiled_losses(enabled: bool = True):
 def _normal(x): return x.clone() if torch.is_tensor(x) and x.is_inference() else x
 
 def compilable(fn):
-    "`fn`, run through `torch.compile` inside `compiled_losses()`, eagerly outside it; `.eager` is `fn` itself."
+    "`fn`, run through `torch.compile` inside `compiled_losses()`, eagerly outside it (`__wrapped__` is `fn` itself)."
     compiled = None
     @functools.wraps(fn)
     def run(*args, **kw):
@@ -57,7 +57,6 @@ def compilable(fn):
         # (a teacher's logits from `torch.inference_mode()`): those go in as normal tensors
         args = [_normal(a) for a in args]; kw = {k: _normal(v) for k, v in kw.items()}
         return compiled(*args, **kw)
-    run.eager = fn
     return run
 
 @compilable
