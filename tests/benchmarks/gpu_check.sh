@@ -7,7 +7,7 @@
 #   qwen     the same for a Qwen3-0.6B-shaped model, batch 8 x 1024 (fp, wf_bitlinear, wf_cublas)
 #   gemm     02_kernels' GPU tables alone (int8 GEMM + rescale vs bf16 and cuBLAS; quantizers), M = 16384, and the tiles chosen
 #   compiled 01_quant with its `#| cuda` cells (the compiled BitLinear block on CUDA), then the GPU table at 16 x 1024 for
-#            eager and compiled blocks (fp, fp_compiled, wf_bitlinear, wf_compiled, wf_trainer_compiled; training.compile)
+#            eager and compiled blocks (fp, fp_compiled, wf_bitlinear, wf_compiled, and FP and ternary through the compiled Trainer)
 #   profile  torch.profiler (CPU + CUDA) of one training step of each of $PROFILE_ARMS (fp wf_bitlinear wf_trainer) on SmolLM2
 #   WHAT="nb bench" bash tests/benchmarks/gpu_check.sh SMOLLM2_CONFIG_DIR [QWEN3_CONFIG_DIR]    # logs go to $OUT (or gpu_out/)
 set -o pipefail
@@ -26,7 +26,7 @@ for what in ${WHAT:-nb bench qwen}; do case $what in
            --precisions bf16 --arms fp,wf_bitlinear,wf_cublas 2>&1 | tee "$OUT/bench_qwen3.log" ;;
   compiled) timeout 150 python3 tests/benchmarks/run_nb.py nbs/01_quant.ipynb --flags cuda --keep-going 2>&1 | tee "$OUT/nb_quant.log"
            timeout 300 python3 $B --device cuda --config "$SMOL" --batch-size 16 --seq-len 1024 --steps 8 --warmup 3 --precisions bf16 \
-           --arms fp,fp_compiled,wf_bitlinear,wf_compiled,wf_trainer_compiled 2>&1 | tee "$OUT/bench_compiled.log" ;;
+           --arms fp,fp_compiled,wf_bitlinear,wf_compiled,fp_trainer_compiled,wf_trainer_compiled 2>&1 | tee "$OUT/bench_compiled.log" ;;
   gemm) timeout 120 python3 -c "import wf_nb.kernels as k; k.int8_gemm_table(ms=(16384,)); print({str(key): str(c) for key, c in k._INT8_MM_TUNED.cache.items()})" \
            2>&1 | tee "$OUT/gemm.log" ;;
   profile) for arm in ${PROFILE_ARMS:-fp wf_bitlinear wf_trainer}; do
