@@ -12,9 +12,9 @@ from .config import DistillConfig
 from .losses import IGNORE_INDEX, lm_loss, compilable
 
 # %% auto #0
-__all__ = ['real_tokens', 'kl_sum', 'kd_loss', 'layerwise_loss', 'layerwise_weight_at', 'pretrain_distill_loss', 'decoder_layers',
-           'layer_index', 'attention_module', 'capture_qkv', 'attention_relation_loss', 'stage3_loss',
-           'kd_midtrain_loss']
+__all__ = ['real_tokens', 'kl_sum', 'kd_loss', 'hidden_distance', 'layerwise_loss', 'layerwise_weight_at',
+           'pretrain_distill_loss', 'decoder_layers', 'layer_index', 'attention_module', 'capture_qkv',
+           'attention_relation_loss', 'stage3_loss', 'kd_midtrain_loss']
 
 # %% ../nbs/05_distill.ipynb #a331ec62
 def _is_labels(t):
@@ -58,6 +58,12 @@ def kd_loss(student_logits, teacher_logits, mask=None, T: float = 1.0, labels=No
     return kl / n * (T * T)
 
 # %% ../nbs/05_distill.ipynb #bdb9e572
+@compilable
+def hidden_distance(a, b, keep):
+    "`||normalize(a) - normalize(b)||^2` over the hidden dim of `[B, S, d]` states, summed over the `keep` `[B, S]` positions."
+    d = (F.normalize(a.float(), dim=-1) - F.normalize(b.detach().float(), dim=-1)).pow(2).sum(-1)   # [B, S]
+    return (d * keep).sum()
+
 def layerwise_loss(student_hidden, teacher_hidden, mask=None, skip_first: bool = True):
     "Sum over layers of the mean over real tokens of `||normalize(h_s) - normalize(h_t)||^2` summed over the hidden dim (= 2 - 2cos)."
     hs = list(student_hidden)[1 if skip_first else 0:]
@@ -67,9 +73,7 @@ def layerwise_loss(student_hidden, teacher_hidden, mask=None, skip_first: bool =
     m = torch.ones(hs[0].shape[:2], dtype=torch.bool, device=hs[0].device) if mask is None else mask.bool()
     n = m.sum().clamp(min=1)
     total = hs[0].sum() * 0.
-    for a, b in zip(hs, ht):
-        d = (F.normalize(a.float(), dim=-1) - F.normalize(b.detach().float(), dim=-1)).pow(2).sum(-1)   # [B, S]
-        total = total + (d * m).sum() / n
+    for a, b in zip(hs, ht): total = total + hidden_distance(a, b, m) / n   # compilable: one fused pass per layer
     return total
 
 # %% ../nbs/05_distill.ipynb #5117c0ce
