@@ -661,7 +661,7 @@ def _compile_stance(self: Trainer):
     from wf_nb.losses import compiled_losses
     lam = self.last_lambda
     ramp = self.t.compile and lam is not None and 0 < lam < 1
-    with compiled_losses(self.t.compile), (torch.compiler.set_stance('force_eager') if ramp else _nullctx()): yield
+    with compiled_losses(self.t.compile), (torch.compiler.set_stance('force_eager') if ramp else contextlib.nullcontext()): yield
 
 @patch
 def _record_quant(self: Trainer):
@@ -677,10 +677,6 @@ def _host_floats(loss_sum, sums: dict, device):
     vals = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in [loss_sum] + [sums[k] for k in keys]])
     out = vals.tolist()
     return out[0], dict(zip(keys, out[1:]))
-
-class _nullctx:
-    def __enter__(self): return self
-    def __exit__(self, *a): return False
 
 # %% ../nbs/06_train.ipynb #ec08b780
 @patch
@@ -702,7 +698,7 @@ def train_step(self: Trainer) -> dict:
         for i, b in enumerate(micro):
             w = counts[i] / max(1, n_global)
             sync = i == len(micro) - 1
-            with (acc.no_sync(model) if not sync and acc.num_processes > 1 else _nullctx()), acc.autocast():
+            with (acc.no_sync(model) if not sync and acc.num_processes > 1 else contextlib.nullcontext()), acc.autocast():
                 res = self.step_fn(model, b, ctx)
                 loss = res['loss']
                 for cb in self.callbacks: loss = cb.after_loss(self, loss)
