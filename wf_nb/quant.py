@@ -16,7 +16,8 @@ __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'Co
            'register_int_rescale', 'register_fake_quant', 'weight_codes', 'cached_weight_codes', 'shared_act_codes',
            'norm_act_codes', 'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN',
            'fuse_subln', 'FusedInputNorm', 'fuse_input_norm', 'traced_forward', 'bitlinears', 'set_lambda',
-           'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
+           'weight_codes_per_step', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary',
+           'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -402,6 +403,7 @@ class BitLinear(nn.Linear):
 
 BitLinear.use_triton = os.environ.get('WF_NB_TRITON', '1') != '0'
 BitLinear.int_forward = os.environ.get('WF_NB_INT_FORWARD', '1') != '0'   # False: the fake-quant (transformers) path
+BitLinear.codes_per_step = False   # compiled forwards read the weight codes from the step's cache (`weight_codes_per_step`)
 
 # %% ../nbs/01_quant.ipynb #bb92a990
 class FusedSubLN(RMSNorm):
@@ -483,8 +485,8 @@ def fuse_input_norm(norm: nn.Module, parent: nn.Module, names) -> FusedInputNorm
 class _TracedIntLinear(torch.autograd.Function):
     "`int_linear` in traceable tensor ops: quantizers, int8 GEMM, rescale; backward: the STE from the dequantized codes."
     @staticmethod
-    def forward(ctx, x, w, bias, act_bits, out_dtype):
-        wq, ws = weight_quant_int(w)
+    def forward(ctx, x, w, bias, act_bits, out_dtype, wq=None, ws=None):
+        if wq is None: wq, ws = weight_quant_int(w)   # not handed in (`weight_codes_per_step`): quantized in the graph
         xq, xs = act_quant_int(x.reshape(-1, x.shape[-1]), act_bits)
         y = int8_mm(xq, wq).float() / (xs * ws)
         if bias is not None: y = y + bias.float()
@@ -502,18 +504,19 @@ class _TracedIntLinear(torch.autograd.Function):
         # Xq dequantized in one pass over [M, K] (the compiler fuses it), not g scaled over [M, N]: ~8% of a step on CPU
         if ctx.needs_input_grad[1]: gw = (g2.t() @ (xq.float() / xs).to(dt)).to(wdt)
         if bdt is not None and ctx.needs_input_grad[2]: gb = g2.sum(0).to(bdt)
-        return gx, gw, gb, None, None
+        return gx, gw, gb, None, None, None, None
 
 def traced_forward(mod: BitLinear, x: torch.Tensor) -> torch.Tensor:
-    "`mod(x)` in plain tensor ops (no caches, no norm hand-over): what a BitLinear runs under `torch.compile`."
+    "`mod(x)` in plain tensor ops (no memo, no norm hand-over): what a BitLinear runs under `torch.compile`."
     if mod.rms_norm is not None: x = mod.rms_norm(x)
     if mod.haar: x = haar_transform(x)
     lam, w = mod.lam, mod.weight
     if lam >= 1 and 0 < mod.act_bits <= 8 and BitLinear.int_forward:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        codes = mod._wq_cache[1:] if mod.codes_per_step else ()   # fresh: `weight_codes_per_step`'s hook ran
         with torch.autocast(dev, enabled=False):
-            return _TracedIntLinear.apply(x, w, mod.bias, mod.act_bits, out_dtype)
+            return _TracedIntLinear.apply(x, w, mod.bias, mod.act_bits, out_dtype, *codes)
     if lam > 0:
         w = ste_quant(w, weight_quant, lam)
         if mod.act_bits: x = ste_quant(x, lambda t: act_quant(t, mod.act_bits), lam)
@@ -530,6 +533,26 @@ def set_lambda(model: nn.Module, lam: float) -> int:
     layers = [m for _, m in bitlinears(model)] + [m for m in model.modules() if getattr(m, 'wf_ternary', False)]
     for m in layers: m.lam = float(lam)
     return len(layers)
+
+# %% ../nbs/01_quant.ipynb #c33cd002
+def _quantizes_int(m: BitLinear) -> bool: return m.lam >= 1 and 0 < m.act_bits <= 8 and BitLinear.int_forward
+
+def _refresh_weight_codes(model: nn.Module, args):
+    "`weight_codes_per_step`'s forward pre-hook: fresh cached codes for each BitLinear whose compiled forward reads them."
+    for m in model._codes_layers:
+        if not m.codes_per_step: continue
+        if type(m.weight).__name__ == 'DTensor': m.codes_per_step = False   # sharded: quantized in the graph, once gathered
+        elif _quantizes_int(m): cached_weight_codes(m)
+
+def weight_codes_per_step(model: nn.Module) -> int:
+    "Compiled BitLinears of `model` take their weight codes from the per-optimizer-step cache, refreshed by a pre-hook on `model`; returns how many."
+    layers = [m for _, m in bitlinears(model)]
+    if not layers or hasattr(model, '_codes_layers'): return len(layers)
+    for m in layers: m.codes_per_step = True
+    model._codes_layers = layers   # a plain attribute, not submodules: a deep copy's hook refreshes the copy's layers
+    model.register_forward_pre_hook(_refresh_weight_codes)
+    return len(layers)
+
 
 # %% ../nbs/01_quant.ipynb #4308a05a
 def quant_state(model: nn.Module) -> dict:

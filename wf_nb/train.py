@@ -155,7 +155,7 @@ def full_state_dicts(model: nn.Module, optimizer=None) -> tuple[dict, dict | Non
 
 # %% ../nbs/06_train.ipynb #c31cd102
 def compile_blocks(model: nn.Module, **compile_kw) -> int:
-    "`torch.compile` each block of `model` (`model_blocks`) in place; returns how many. Compile before sharding."
+    "`torch.compile` each block of `model` (`model_blocks`) in place, ternary weights quantized once per optimizer step; returns how many. Compile before sharding."
     if not hasattr(torch.compiler, 'set_stance'):   # the Trainer runs the lambda warm-up eagerly through it
         raise ValueError(f"training.compile=true needs torch>=2.6 (this is {torch.__version__}); upgrade torch or set training.compile=false")
     blocks = model_blocks(model)
@@ -163,6 +163,8 @@ def compile_blocks(model: nn.Module, **compile_kw) -> int:
         raise ValueError(f"{type(model).__name__} names no repeated blocks in `_no_split_modules`: nothing to compile "
                          "(set training.compile=false)")
     for b in blocks: b.compile(**compile_kw)
+    from wf_nb.quant import weight_codes_per_step
+    weight_codes_per_step(model)   # BitLinears: codes from the step's cache, not quantized again by every micro-batch
     return len(blocks)
 
 # %% ../nbs/06_train.ipynb #5fd775b4

@@ -21,6 +21,7 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
     python tests/benchmarks/bench_train.py --profile wf_bitlinear [--precisions bf16]   # where the time goes
     python tests/benchmarks/bench_train.py --split 4 --precisions bf16   # fp vs wf_nb in one process, fwd / bwd apart
     python tests/benchmarks/bench_train.py --saved --precisions bf16     # tensor memory at the end of the forward
+    python tests/benchmarks/bench_train.py --codes-ab 6 --grad-accum 4 --precisions bf16   # weight codes per step vs per micro-batch
     python tests/benchmarks/bench_train.py --device cuda --config DIR --batch-size 16 --seq-len 1024 --precisions bf16
         # on a GPU: the model built from DIR/config.json with random weights and random tokens (no gguf, no text
         # needed), tokens/s (wall, synchronized), MFU against the card's dense bf16 peak, peak CUDA memory
@@ -42,6 +43,7 @@ import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 B, S = 4, 128          # batch and sequence length (--batch-size, --seq-len)
+ACCUM = 1              # micro-batches per optimizer step (--grad-accum)
 DEVICE, CONFIG = 'cpu', None   # --device; --config: a HF config.json (or its folder) for a random-weight model
 ARMS = ['fp', 'hf_autobitlinear', 'hf_trainer', 'wf_bitlinear', 'wf_trainer', 'wf_fakequant']
 
@@ -128,12 +130,14 @@ def plain_loop(model, data, precision, warmup, opt=None):
     import torch
     opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     times = []
-    for i, b in enumerate(data):
-        b = {k: v.to(DEVICE) for k, v in b.items()}
+    for i in range(len(data) // ACCUM):   # one optimizer step per ACCUM micro-batches
+        micro = [{k: v.to(DEVICE) for k, v in b.items()} for b in data[i * ACCUM:(i + 1) * ACCUM]]
         sync(); t0, c0 = time.perf_counter(), time.process_time()
-        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == 'bf16'):
-            loss = model(**b, use_cache=False).loss   # training: no KV cache (a compiled block would recompile on its state)
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        for b in micro:
+            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == 'bf16'):
+                loss = model(**b, use_cache=False).loss   # training: no KV cache (a compiled block would recompile on its state)
+            (loss / ACCUM).backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
         sync()
         if i >= warmup: times.append((time.perf_counter() - t0, time.process_time() - c0))
     return times
@@ -150,7 +154,8 @@ def hf_trainer_loop(model, data, precision, warmup):
         def __len__(self): return len(data) * B
         def __getitem__(self, i): b = data[i // B]; return {k: v[i % B] for k, v in b.items()}
     with tempfile.TemporaryDirectory() as d:
-        args = TrainingArguments(output_dir=d, per_device_train_batch_size=B, max_steps=len(data), learning_rate=1e-5,
+        args = TrainingArguments(output_dir=d, per_device_train_batch_size=B, max_steps=len(data) // ACCUM, learning_rate=1e-5,
+                                 gradient_accumulation_steps=ACCUM,
                                  bf16=precision == 'bf16', use_cpu=DEVICE == 'cpu', report_to=[], save_strategy='no', logging_strategy='no',
                                  dataloader_num_workers=0, disable_tqdm=True, optim='adamw_torch_fused')
         Trainer(model=model, args=args, train_dataset=DS(), callbacks=[Clock()]).train()
@@ -160,7 +165,7 @@ def wf_trainer_loop(model, data, precision, warmup, on_step=None, compile=False)
     from wf_nb.config import get_config
     from wf_nb.train import Trainer, ListStream
     import torch
-    cfg = get_config([f'training.max_steps={len(data)}', f'training.batch_size={B}', f'data.seq_len={S}', 'training.lr=1e-5',
+    cfg = get_config([f'training.max_steps={len(data) // ACCUM}', f'training.grad_accum={ACCUM}', f'training.batch_size={B}', f'data.seq_len={S}', 'training.lr=1e-5',
                       f'training.precision={precision}', 'training.save_interval=100000', 'logging.interval=1',
                       'logging.progress=false', 'logging.wandb_mode=disabled', f'training.compile={compile}'], stage='2')
     rows = torch.cat([b['input_ids'] for b in data])
@@ -181,7 +186,7 @@ def wf_trainer_loop(model, data, precision, warmup, on_step=None, compile=False)
 def one(arm, precision, steps, warmup):
     import torch
     torch.manual_seed(0)
-    data = batches(steps + warmup)
+    data = batches((steps + warmup) * ACCUM)
     model = arm_model(arm)
     run = {'fp': plain_loop, 'hf_autobitlinear': plain_loop, 'wf_bitlinear': plain_loop, 'wf_fakequant': plain_loop,
            'wf_cublas': plain_loop, 'hf_trainer': hf_trainer_loop, 'wf_trainer': wf_trainer_loop,
@@ -197,9 +202,9 @@ def one(arm, precision, steps, warmup):
     fresh = reset_peak_rss()
     if DEVICE == 'cuda': torch.cuda.reset_peak_memory_stats()
     times = run(model, data, precision, warmup)
-    tps = B * S / statistics.median(w for w, c in times)
+    tps = ACCUM * B * S / statistics.median(w for w, c in times)
     print(json.dumps({'train_peak_rss_mb': train_peak_rss_mb() if fresh else None, 'arm': arm, 'precision': precision, 'tokens_per_s': tps,
-                      'tokens_per_cpu_s': B * S / statistics.median(c for w, c in times),
+                      'tokens_per_cpu_s': ACCUM * B * S / statistics.median(c for w, c in times),
                       'steps_timed': len(times), 'peak_rss_mb': peak_rss_mb(), 'threads': torch.get_num_threads(),
                       'cuda_peak_mb': torch.cuda.max_memory_allocated() / 2**20 if DEVICE == 'cuda' else None,
                       'mfu': tps * flops_per_token / peak if DEVICE == 'cuda' and peak else None,
@@ -297,6 +302,36 @@ def split(rounds, precision):
     for arm in res:
         print(f"| {arm} | {med(arm, 0):.2f} | {med(arm, 1):.2f} | {med(arm, 2):.2f} | {med('fp', 0) / med(arm, 0):.2f}x |")
 
+def codes_ab(rounds, precision):
+    "Compiled wf_nb model, ACCUM micro-batches per step: weight codes from the per-step cache against quantized in the graph by every micro-batch, steps alternating in ONE process."
+    import torch
+    from wf_nb.quant import bitlinears
+    from wf_nb.train import compile_blocks
+    torch.manual_seed(0)
+    model = wf_bitnet(fp_model()); compile_blocks(model)
+    layers, data = [m for _, m in bitlinears(model)], batches(2 * ACCUM)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    def step(cached, k):
+        for m in layers: m.codes_per_step = cached   # False: the compiled forward quantizes its weight itself (a second graph)
+        c0 = time.thread_time()
+        for i in range(ACCUM):
+            with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=precision == 'bf16'):
+                loss = model(**data[(k * ACCUM + i) % len(data)], use_cache=False).loss
+            (loss / ACCUM).backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
+        return time.thread_time() - c0
+    for k in range(2): step(True, k); step(False, k)   # compiles both variants
+    res = {True: [], False: []}
+    for k in range(rounds):
+        for v in ((True, False) if k % 2 else (False, True)): res[v].append(step(v, k))
+    tok, med = ACCUM * B * S, {v: statistics.median(t) for v, t in res.items()}
+    print(f"\nWeight codes, compiled, {precision}, {ACCUM} micro-batches of {B} x {S} per step, {rounds} alternating rounds\n")
+    ratios = [a / b for a, b in zip(res[False], res[True])]   # paired: each round's two steps ran back to back
+    print("| weight codes | tokens per thread CPU-s | vs in-graph (median of the rounds' ratios) | per-round ratios |\n|---|---|---|---|")
+    print(f"| in the graph, every micro-batch | {tok / med[False]:.0f} | 1.00x | |")
+    print(f"| per optimizer step (cache) | {tok / med[True]:.0f} | {statistics.median(ratios):.3f}x | "
+          + ", ".join(f"{r:.2f}" for r in ratios) + " |")
+
 def saved(arms, precision):
     "Tensor memory at the end of one forward: storages saved for the backward (not parameters) + persistent quant state."
     import torch
@@ -319,7 +354,7 @@ def saved(arms, precision):
     for arm, a, s in rows: print(f"| {arm} | {a:.0f} | {s:.0f} | {a + s:.0f} | {(a + s) / fp:.2f}x |" if fp else f"| {arm} | {a:.0f} | {s:.0f} | {a + s:.0f} | |")
 
 def main():
-    global B, S, DEVICE, CONFIG
+    global B, S, DEVICE, CONFIG, ACCUM
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--steps', type=int, default=6); ap.add_argument('--warmup', type=int, default=2)
     ap.add_argument('--precisions', default='fp32,bf16'); ap.add_argument('--arms', default=','.join(ARMS))
@@ -327,15 +362,20 @@ def main():
     ap.add_argument('--one', nargs=2, metavar=('ARM', 'PRECISION'))
     ap.add_argument('--profile', metavar='ARM')
     ap.add_argument('--split', type=int, metavar='ROUNDS', help='fp / wf_bitlinear / wf_fakequant in one process, forward and backward apart')
+    ap.add_argument('--codes-ab', type=int, metavar='ROUNDS', help='weight codes per step vs in the graph, compiled, in one process (use with --grad-accum)')
     ap.add_argument('--saved', action='store_true', help='tensor memory at the end of the forward, per arm (fp, hf_autobitlinear, wf_bitlinear)')
     ap.add_argument('--device', default='cpu', choices=['cpu', 'cuda'])
     ap.add_argument('--config', help='HF config.json (or its folder): a random-weight model and random tokens instead of SmolLM2 + Shakespeare')
     ap.add_argument('--batch-size', type=int, default=B); ap.add_argument('--seq-len', type=int, default=S)
+    ap.add_argument('--grad-accum', type=int, default=ACCUM, help='micro-batches of --batch-size per optimizer step (tokens/s counts them all)')
     a = ap.parse_args()
-    B, S, DEVICE, CONFIG = a.batch_size, a.seq_len, a.device, a.config
+    B, S, DEVICE, CONFIG, ACCUM = a.batch_size, a.seq_len, a.device, a.config, a.grad_accum
     if DEVICE == 'cuda' and a.arms == ','.join(ARMS): a.arms = 'fp,hf_autobitlinear,wf_bitlinear,wf_cublas,wf_fakequant,wf_trainer'
     if a.saved:
         for prec in a.precisions.split(','): saved(['fp', 'hf_autobitlinear', 'wf_bitlinear'], prec)
+        return
+    if a.codes_ab:
+        for prec in a.precisions.split(','): codes_ab(a.codes_ab, prec)
         return
     if a.split:
         for prec in a.precisions.split(','): split(a.split, prec)
@@ -349,7 +389,7 @@ def main():
         for prec in a.precisions.split(','):
             for arm in arms[rnd % len(arms):] + arms[:rnd % len(arms)]:
                 r = subprocess.run([sys.executable, __file__, '--one', arm, prec, '--steps', str(a.steps), '--warmup', str(a.warmup),
-                                    '--batch-size', str(B), '--seq-len', str(S), '--device', DEVICE] + (['--config', CONFIG] if CONFIG else []),
+                                    '--batch-size', str(B), '--seq-len', str(S), '--grad-accum', str(ACCUM), '--device', DEVICE] + (['--config', CONFIG] if CONFIG else []),
                                    capture_output=True, text=True, env={**os.environ, 'WANDB_MODE': 'disabled'})
                 line = [l for l in r.stdout.splitlines() if l.startswith('{')]
                 if r.returncode or not line: print(f"{arm}/{prec} failed:\n{r.stderr[-2000:]}", file=sys.stderr); continue
