@@ -154,8 +154,8 @@ def full_state_dicts(model: nn.Module, optimizer=None) -> tuple[dict, dict | Non
     return msd, osd
 
 # %% ../nbs/06_train.ipynb #c31cd102
-def compile_blocks(model: nn.Module, **compile_kw) -> int:
-    "`torch.compile` each block of `model` (`model_blocks`) in place, ternary weights quantized once per optimizer step; returns how many. Compile before sharding."
+def compile_blocks(model: nn.Module, codes_per_step: bool = False, **compile_kw) -> int:
+    "`torch.compile` each block of `model` (`model_blocks`) in place; returns how many. Compile before sharding."
     if not hasattr(torch.compiler, 'set_stance'):   # the Trainer runs the lambda warm-up eagerly through it
         raise ValueError(f"training.compile=true needs torch>=2.6 (this is {torch.__version__}); upgrade torch or set training.compile=false")
     blocks = model_blocks(model)
@@ -163,8 +163,9 @@ def compile_blocks(model: nn.Module, **compile_kw) -> int:
         raise ValueError(f"{type(model).__name__} names no repeated blocks in `_no_split_modules`: nothing to compile "
                          "(set training.compile=false)")
     for b in blocks: b.compile(**compile_kw)
-    from wf_nb.quant import weight_codes_per_step
-    weight_codes_per_step(model)   # BitLinears: codes from the step's cache, not quantized again by every micro-batch
+    if codes_per_step:   # BitLinears read codes quantized once per optimizer step: faster, 1 byte per weight kept
+        from wf_nb.quant import weight_codes_per_step
+        weight_codes_per_step(model)
     return len(blocks)
 
 # %% ../nbs/06_train.ipynb #5fd775b4
@@ -553,7 +554,8 @@ class Trainer:
         torch.manual_seed(self.t.seed)
         if cfg.model.gradient_checkpointing and hasattr(model, 'gradient_checkpointing_enable'):
             model.gradient_checkpointing_enable()
-        if self.t.compile: compile_blocks(model)
+        if self.t.compile:   # several forwards per optimizer step: the ternary weight codes once, not in each
+            compile_blocks(model, codes_per_step=self.t.grad_accum > 1 or cfg.model.gradient_checkpointing)
         self.max_steps = self.t.max_steps
         self.sharded = cfg.distributed.strategy == 'fsdp' and self.acc.num_processes > 1
         _check_sharding(cfg, self.sharded)

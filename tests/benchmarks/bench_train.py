@@ -123,7 +123,7 @@ def arm_model(arm):
     if arm == 'wf_cublas':
         from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
     if arm in ('fp_compiled', 'hf_compiled', 'wf_compiled', 'wf_nosubln_compiled'):
-        from wf_nb.train import compile_blocks; compile_blocks(model)
+        from wf_nb.train import compile_blocks; compile_blocks(model, codes_per_step=ACCUM > 1)   # the Trainer's rule
     return model
 
 def plain_loop(model, data, precision, warmup, opt=None):
