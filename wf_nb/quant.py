@@ -369,9 +369,13 @@ class BitLinear(nn.Linear):
             if lin.bias is not None: m.bias.copy_(lin.bias)
         return m
 
+    def int_path(self) -> bool:
+        "True when the forward is the integer one (int8 x ternary GEMM): `lam == 1`, 1-8 activation bits, `int_forward` on."
+        return self.lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward
+
     def fuses_norm(self) -> bool:
         "True when the integer forward runs without Haar: the layer's SubLN (own or `FusedSubLN`) is applied inside it."
-        return self.lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward and not self.haar
+        return self.int_path() and not self.haar
 
     def input_norm(self, x: torch.Tensor) -> nn.Module | None:
         "The SubLN still to apply to `x`: the layer's own, or the `FusedSubLN` that passed exactly `x` through to it."
@@ -388,7 +392,7 @@ class BitLinear(nn.Linear):
         lam, w = self.lam, self.weight
         if self.rms_norm is not None: x = self.rms_norm(x)
         if self.haar: x = haar_transform(x)
-        if lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward: return int_linear(x, self)   # Haar
+        if self.int_path(): return int_linear(x, self)   # Haar
         if lam > 0:
             fused = _fused_fake_quant(x) if self.act_bits == 8 else None
             if fused:   # fused Triton quantizers on CUDA (registered by wf_nb.kernels)
@@ -511,7 +515,7 @@ def traced_forward(mod: BitLinear, x: torch.Tensor) -> torch.Tensor:
     if mod.rms_norm is not None: x = mod.rms_norm(x)
     if mod.haar: x = haar_transform(x)
     lam, w = mod.lam, mod.weight
-    if lam >= 1 and 0 < mod.act_bits <= 8 and BitLinear.int_forward:
+    if mod.int_path():
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         codes = mod._wq_cache[1:] if mod.codes_per_step else ()   # fresh: `weight_codes_per_step`'s hook ran
@@ -535,14 +539,12 @@ def set_lambda(model: nn.Module, lam: float) -> int:
     return len(layers)
 
 # %% ../nbs/01_quant.ipynb #c33cd002
-def _quantizes_int(m: BitLinear) -> bool: return m.lam >= 1 and 0 < m.act_bits <= 8 and BitLinear.int_forward
-
 def _refresh_weight_codes(model: nn.Module, args):
     "`weight_codes_per_step`'s forward pre-hook: fresh cached codes for each BitLinear whose compiled forward reads them."
     for m in model._codes_layers:
         if not m.codes_per_step: continue
         if type(m.weight).__name__ == 'DTensor': m.codes_per_step = False   # sharded: quantized in the graph, once gathered
-        elif _quantizes_int(m): cached_weight_codes(m)
+        elif m.int_path(): cached_weight_codes(m)   # the condition `traced_forward` reads them under
 
 def weight_codes_per_step(model: nn.Module) -> int:
     "Compiled BitLinears of `model` take their weight codes from the per-optimizer-step cache, refreshed by a pre-hook on `model`; returns how many."

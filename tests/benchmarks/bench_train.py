@@ -369,6 +369,7 @@ def main():
     ap.add_argument('--batch-size', type=int, default=B); ap.add_argument('--seq-len', type=int, default=S)
     ap.add_argument('--grad-accum', type=int, default=ACCUM, help='micro-batches of --batch-size per optimizer step (tokens/s counts them all)')
     a = ap.parse_args()
+    if a.grad_accum < 1: ap.error(f'--grad-accum must be at least 1, got {a.grad_accum}')
     B, S, DEVICE, CONFIG, ACCUM = a.batch_size, a.seq_len, a.device, a.config, a.grad_accum
     if DEVICE == 'cuda' and a.arms == ','.join(ARMS): a.arms = 'fp,hf_autobitlinear,wf_bitlinear,wf_cublas,wf_fakequant,wf_trainer'
     if a.saved:
