@@ -372,7 +372,6 @@ class BitLinear(nn.Linear):
     def int_path(self) -> bool:
         "True when the forward is the integer one (int8 x ternary GEMM): `lam == 1`, 1-8 activation bits, `int_forward` on."
         return self.lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward
-
     def fuses_norm(self) -> bool:
         "True when the integer forward runs without Haar: the layer's SubLN (own or `FusedSubLN`) is applied inside it."
         return self.int_path() and not self.haar
