@@ -37,6 +37,7 @@ def main(argv=None):
     p.add_argument('--die-at', type=int, default=-1)
     p.add_argument('--sigint-at', type=int, default=-1, help='rank 0 alone gets SIGINT at this step (what `wf cancel` sends)')
     p.add_argument('--strategy', default='ddp', help='distributed.strategy: ddp | fsdp (FSDP2)')
+    p.add_argument('--ternary', action='store_true', help='train the ternary (BitLinear) model, compiled, 2 micro-batches a step')
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     from accelerate import Accelerator
@@ -46,11 +47,16 @@ def main(argv=None):
     cfg = get_config([f'training.max_steps={a.max_steps}', f'training.batch_size={a.batch_size}', 'training.lr=5e-3',
                       f'training.save_interval={a.save_interval}', 'training.warmup_steps=0', 'training.spike_factor=0',
                       'logging.interval=1', 'logging.progress=false', 'logging.wandb_mode=disabled', 'data.seq_len=32',
-                      'quant.enabled=false', f'distributed.strategy={a.strategy}'], model='tiny_llama')
+                      f'distributed.strategy={a.strategy}',
+                      *(['training.compile=true', 'training.grad_accum=2'] if a.ternary else ['quant.enabled=false'])],
+                     model='tiny_llama')
     from wf_nb.launch import check_world
     acc = check_world(Accelerator(cpu=True))
     data = ShardedRows(rows(seq_len=cfg.data.seq_len), cfg.training.batch_size, acc.process_index, acc.num_processes)
     model = load_fp_model(cfg.model, seed=0)
+    if a.ternary:
+        from wf_nb.convert import convert
+        model = convert(model, cfg.quant)
     class Faults(Callback):   # test-only fault injection, while step die_at+1 / sigint_at+1 computes its loss
         def after_loss(self, tr, loss):
             if tr.step == a.die_at: os.kill(os.getpid(), signal.SIGKILL)
@@ -60,7 +66,8 @@ def main(argv=None):
     tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, callbacks=[Faults()])
     res = tr.fit()
     if acc.is_main_process:
-        print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes, 'sharded': is_fsdp(tr.acc.unwrap_model(tr.model))}), flush=True)
+        print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes, 'sharded': is_fsdp(tr.acc.unwrap_model(tr.model)),
+                                      'codes_per_step': sorted({bool(getattr(m, 'codes_per_step', False)) for m in tr.model.modules() if hasattr(m, 'int_path')})}), flush=True)
     acc.wait_for_everyone()
     if acc.num_processes > 1: torch.distributed.destroy_process_group()
     return 0

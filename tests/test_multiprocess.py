@@ -8,8 +8,9 @@ tests/mp_train.py, which trains tiny_llama with wf_nb.train.Trainer on a rank-sh
 (d) `wf cancel` (SIGINT to rank 0 only) stops every rank cleanly with a checkpoint, and the run resumes exactly;
 (e) the same with FSDP2 (`distributed.strategy=fsdp`, sharded by `wf_nb.train.shard_model` on CPU): 2 sharded
     processes match 1 process, a killed sharded run resumes exactly, its checkpoint reloads unsharded at world size
-    1, and a DDP checkpoint reloads into a sharded run.
-One module-scoped set of runs serves (a)-(c) (5 runs, about 2 minutes on 2 busy cores); (d) adds 2 runs, (e) 5."""
+    1, and a DDP checkpoint reloads into a sharded run;
+(f) the compiled ternary model with gradient accumulation, sharded over 2 processes, matches 1 process.
+One module-scoped set of runs serves (a)-(c) (5 runs, about 2 minutes on 2 busy cores); (d) adds 2 runs, (e) 5, (f) 2."""
 import inspect, json, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
@@ -138,3 +139,13 @@ def test_fsdp_killed_run_resumes_and_reloads_anywhere(runs, fsdp_runs):
     res = fsdp_runs['from_ddp']                                                        # DDP checkpoint, sharded run
     assert res['sharded'] and res['start_step'] == 3 and res['status'] == 'COMPLETED', res
     assert_close(losses(d/'ddp_to_fsdp'), losses(d/'two'))
+
+def test_fsdp_compiled_ternary_matches_one_process(runs):
+    """(f) The compiled ternary model at 2 micro-batches a step: one process reads its weight codes from the per-step
+    cache, FSDP2 ranks (sharded DTensor weights) quantize in the graph, after the all-gather; both train the same."""
+    d = runs['dir']
+    one = run([sys.executable, str(SCRIPT)], d/'ternary_one', 4, '--ternary', '--max-steps', 4)[1]
+    two = run(torchrun_cmd(2), d/'ternary_fsdp', 2, '--ternary', '--strategy', 'fsdp', '--max-steps', 4)[1]
+    assert one['codes_per_step'] == [True] and not one['sharded'], one
+    assert two['codes_per_step'] == [False] and two['sharded'] and two['status'] == 'COMPLETED', two
+    assert_close(losses(d/'ternary_fsdp'), losses(d/'ternary_one'))
