@@ -11,11 +11,11 @@ import yaml
 from .io import atomic_write_text
 
 # %% auto #0
-__all__ = ['GROUPS', 'PRESETS', 'STAGE_NAMES', 'RANGES', 'CHOICES', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE', 'ModelConfig',
-           'DataConfig', 'TrainingConfig', 'QuantConfig', 'DistillConfig', 'LoggingConfig', 'DistributedConfig',
-           'WFConfig', 'register_preset', 'ConfigError', 'apply_override', 'normalize_stage', 'check_ranges',
-           'default_precision', 'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info',
-           'fingerprint']
+__all__ = ['GROUPS', 'PRESETS', 'STAGE_NAMES', 'RANGES', 'CHOICES', 'PEFT_TARGETS', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE',
+           'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig', 'PeftConfig', 'DistillConfig', 'LoggingConfig',
+           'DistributedConfig', 'WFConfig', 'register_preset', 'ConfigError', 'apply_override', 'normalize_stage',
+           'check_ranges', 'default_precision', 'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml',
+           'load_yaml', 'git_info', 'fingerprint']
 
 # %% ../nbs/00a_config.ipynb #d34c4eb8
 @dataclass
@@ -114,6 +114,16 @@ class QuantConfig:
     haar: bool = False                  # Haar-wavelet activations (ablation)
     act_bits: int = 8
 
+@dataclass
+class PeftConfig:
+    "Parameter-efficient fine-tuning of a frozen ternary model (wf_nb.lora). `method=''`: off (full training), not in the fingerprint."
+    method: str = ''                    # '' (off) | lora: LoRA adapters on the BitLinears named in `targets`; the base stays frozen int8 codes
+    r: int = 16                         # LoRA rank
+    alpha: float = 32.0                 # LoRA scaling alpha (the update is alpha/r * B @ A)
+    dropout: float = 0.0                # dropout on the adapter's input
+    targets: str = 'q,k,v,o,gate,up,down'   # comma-separated projections: q, k, v, o, gate, up, down
+    input: str = 'float'                # what the adapter reads: float (the layer's input, as stock PEFT/llama.cpp) | quant (the int8-quantized input the base multiplies)
+
 # %% ../nbs/00a_config.ipynb #d6d49cba
 @dataclass
 class DistillConfig:
@@ -167,6 +177,7 @@ class WFConfig:
     distill: DistillConfig = field(default_factory=DistillConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
 
     def to_dict(self): return asdict(self)
     def get(self, dotted):
@@ -179,7 +190,7 @@ class WFConfig:
 GROUPS = {f.name: f.type for f in fields(WFConfig) if f.name != 'stage'}
 
 # %% ../nbs/00a_config.ipynb #19402532
-PRESETS: dict[str, dict[str, dict]] = {g: {} for g in ['model','data','training','quant','distill','logging','distributed']}
+PRESETS: dict[str, dict[str, dict]] = {g: {} for g in ['model','data','training','quant','distill','logging','distributed','peft']}
 
 def register_preset(group: str, name: str, /, **values):
     "Register `values` as preset `name` of `group`; unknown fields fail now, not at use."
@@ -193,7 +204,7 @@ def register_preset(group: str, name: str, /, **values):
 
 def _group_cls(group):
     return {'model': ModelConfig, 'data': DataConfig, 'training': TrainingConfig, 'quant': QuantConfig,
-            'distill': DistillConfig, 'logging': LoggingConfig, 'distributed': DistributedConfig}[group]
+            'distill': DistillConfig, 'logging': LoggingConfig, 'distributed': DistributedConfig, 'peft': PeftConfig}[group]
 
 # %% ../nbs/00a_config.ipynb #110f5a1d
 class ConfigError(ValueError):
@@ -285,7 +296,8 @@ RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'data.num_workers': (0, None, True, True), 'model.num_heads': (1, None, True, True), 'model.num_kv_heads': (1, None, True, True),
     'model.hidden_size': (1, None, True, True), 'model.num_layers': (1, None, True, True), 'model.vocab_size': (1, None, True, True),
     'quant.warmup_steps': (0, None, True, True), 'distill.saliency_top': (0, 1, False, True),
-    'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True)}
+    'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True),
+    'peft.r': (1, None, True, True), 'peft.alpha': (0, None, False, True), 'peft.dropout': (0, 1, True, False)}
 
 def check_ranges(cfg, ranges=RANGES):
     "Refuse NaN, infinite and out-of-range numbers at config time (not deep inside torch), naming key, value and range."
@@ -307,7 +319,10 @@ CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.
            'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'), 'quant.subln_init': ('calibrated','ones'),
            'distill.saliency_score': ('kl','teacher_ce'),
            'logging.wandb_mode': ('','online','offline','disabled'),
-           'distributed.scale': ('single','small','medium','large'), 'distributed.strategy': ('ddp','fsdp')}
+           'distributed.scale': ('single','small','medium','large'), 'distributed.strategy': ('ddp','fsdp'),
+           'peft.method': ('', 'lora'), 'peft.input': ('float', 'quant')}
+
+PEFT_TARGETS = ('q', 'k', 'v', 'o', 'gate', 'up', 'down')   # peft.targets: the projections of a decoder layer
 
 def default_precision() -> str:
     "`bf16` where autocast to bf16 is fast (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else `fp32`."
@@ -334,6 +349,9 @@ def validate(cfg: WFConfig) -> WFConfig:
     if cfg.model.hidden_size % cfg.model.num_heads: raise ConfigError("model.hidden_size must be divisible by model.num_heads")
     if cfg.model.num_heads % cfg.model.num_kv_heads: raise ConfigError("model.num_heads must be divisible by model.num_kv_heads")
     return cfg
+    bad = [t for t in cfg.peft.targets.split(',') if t.strip() not in PEFT_TARGETS]
+    if cfg.peft.method and (bad or not cfg.peft.targets.strip()):
+        raise ConfigError(f"peft.targets={cfg.peft.targets!r}: {bad or 'empty'}; valid: a comma-separated list of {', '.join(PEFT_TARGETS)}")
 
 # Per-stage defaults, applied right after `stage=` and before any other preset or override. The Stage 1.9 / 2 values
 # are the recipe measured in tests/benchmarks/bench_quality.py (see 07_stages).
@@ -414,5 +432,6 @@ def fingerprint(cfg: WFConfig, commit: str | None = None, ignore=FINGERPRINT_IGN
     d = cfg.to_dict()
     for p in ignore: _drop(d, p)
     if commit is None: commit = git_info()['commit']
+    if not d.get('peft', {}).get('method'): d.pop('peft', None)   # off: the fingerprint of a config without the group
     payload = json.dumps({'config': d, 'commit': commit}, sort_keys=True, separators=(',', ':'))
     return hashlib.sha256(payload.encode()).hexdigest()

@@ -297,12 +297,22 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
     return {**res, 'run_dir': str(run.dir), 'run_id': run.id, 'output': str(out_dir)}
 
 # %% ../nbs/07_stages.ipynb #a7021f99
+def _with_adapters(cfg, model, run, acc):
+    "`peft.method=lora`: the student frozen to int8 codes with LoRA adapters (wf_nb.lora); only they train and are checkpointed."
+    from wf_nb.lora import add_lora, trainable_share
+    if cfg.training.compile or acc.num_processes > 1:
+        raise ValueError("peft.method=lora runs in one process, eagerly: set training.compile=false and use one process")
+    model = add_lora(model, cfg.peft, seed=cfg.training.seed)
+    if acc.is_main_process: run.update(peft=trainable_share(model), base_digest=model.wf_base_digest)
+    return model
+
 def _train(spec: StageSpec, cfg, run, acc, parent_path, out_dir) -> dict:
     "Train `spec`'s student on `cfg`'s data and save it to `out_dir` (every rank takes part)."
     from wf_nb.assets import load_tokenizer
     from wf_nb.convert import save_model
     tok = load_tokenizer(cfg.model)
     model = spec.build_student(cfg, parent_path)
+    if cfg.peft.method: model = _with_adapters(cfg, model, run, acc)
     teacher = spec.build_teacher(cfg, run, acc) if spec.build_teacher else None
     step_fn = spec.step(teacher) if teacher is not None and spec.step else lm_step
     if teacher is not None: teacher.to(acc.device)
@@ -326,7 +336,10 @@ def _train(spec: StageSpec, cfg, run, acc, parent_path, out_dir) -> dict:
     if res['status'] == 'COMPLETED':
         final = acc.unwrap_model(trainer.model)
         sd = full_state_dicts(final)[0] if is_fsdp(final) else None   # FSDP2: every rank takes part in the gather
-        if acc.is_main_process: save_model(final, tok, out_dir, overwrite=out_dir == run.output, wf_config=cfg, summary=res, state_dict=sd)
+        if acc.is_main_process and cfg.peft.method:   # an adapter run saves only the adapter (PEFT's format), never the base
+            from wf_nb.lora import save_adapter
+            save_adapter(final, out_dir, base=parent_path, overwrite=out_dir == run.output, wf_config=cfg.to_dict(), summary=res)
+        elif acc.is_main_process: save_model(final, tok, out_dir, overwrite=out_dir == run.output, wf_config=cfg, summary=res, state_dict=sd)
     acc.wait_for_everyone()
     return res
 

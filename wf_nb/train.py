@@ -151,6 +151,8 @@ def full_state_dicts(model: nn.Module, optimizer=None) -> tuple[dict, dict | Non
     msd = get_model_state_dict(model, options=opts)
     for alias in tied_aliases(model): msd.pop(alias, None)
     osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
+    keep = getattr(model, 'wf_checkpoint_keys', None)   # an adapter run (wf_nb.lora): only the adapter's tensors
+    if keep is not None: msd = {k: v for k, v in msd.items() if k in keep}
     return msd, osd
 
 # %% ../nbs/06_train.ipynb #c31cd102
@@ -182,7 +184,8 @@ def save_checkpoint(ckpt_dir, model: nn.Module, optimizer=None, state: dict | No
         if osd is not None: torch.save(osd, tmp/'optimizer.pt')
         torch.save(state or {}, tmp/'state.pt')
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
-        (tmp/'manifest.json').write_text(json.dumps({'files': files, 'step': (state or {}).get('step')}, indent=1))
+        (tmp/'manifest.json').write_text(json.dumps({'files': files, 'step': (state or {}).get('step'),
+                                                     **({'base_digest': model.wf_base_digest} if hasattr(model, 'wf_base_digest') else {})}, indent=1))
     return atomic_dir(Path(ckpt_dir), write, exists='replace')   # 'replace': an older save of the same step (after a rollback)
 
 def verify_checkpoint(ckpt_dir) -> dict:
@@ -203,7 +206,9 @@ def load_checkpoint(ckpt_dir, model: nn.Module, optimizer=None) -> dict:
     from safetensors import safe_open
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict, StateDictOptions
-    ckpt_dir = Path(ckpt_dir); verify_checkpoint(ckpt_dir)
+    ckpt_dir = Path(ckpt_dir); man = verify_checkpoint(ckpt_dir)
+    if man.get('base_digest', getattr(model, 'wf_base_digest', None)) != getattr(model, 'wf_base_digest', None):   # adapter runs
+        raise CheckpointError(f"{ckpt_dir} holds an adapter of another base (digest {str(man.get('base_digest'))[:12]}); resume on the base it was trained on")
     # Under FSDP2 rank 0 reads the tensors and broadcasts them (one copy in host memory); the key check runs on
     # every rank from the file header, so a bad checkpoint fails everywhere instead of leaving ranks in a collective.
     bcast = is_fsdp(model) and dist.is_available() and dist.is_initialized()
@@ -211,16 +216,18 @@ def load_checkpoint(ckpt_dir, model: nn.Module, optimizer=None) -> dict:
     aliases = tied_aliases(model)
     with safe_open(str(ckpt_dir/'model.safetensors'), 'pt') as f: keys = set(f.keys())
     keys |= {a for a, n in aliases.items() if n in keys}
-    expected = set(model.state_dict())
+    keep = getattr(model, 'wf_checkpoint_keys', None)   # an adapter run (wf_nb.lora): the checkpoint holds only the adapter
+    expected = set(keep) if keep is not None else set(model.state_dict())
     if keys != expected:
         miss, extra = sorted(expected - keys), sorted(keys - expected)
         raise CheckpointError(f"{ckpt_dir} does not match this model: missing {miss[:5]}{'...' if len(miss) > 5 else ''}, "
                               f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}; resume with the model config it was saved with")
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=bcast, strict=True)
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=bcast, strict=keep is None)
     msd = {}
     if reader:
         msd = load_file(str(ckpt_dir/'model.safetensors'))
-        for a, n in aliases.items(): msd.setdefault(a, msd[n])
+        for a, n in aliases.items():
+            if n in msd: msd.setdefault(a, msd[n])   # (an adapter checkpoint holds no embeddings)
     set_model_state_dict(model, msd, options=opts)
     if optimizer is not None and (ckpt_dir/'optimizer.pt').exists():
         osd = torch.load(ckpt_dir/'optimizer.pt', weights_only=True, map_location='cpu') if reader else {}
