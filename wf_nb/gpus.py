@@ -27,14 +27,20 @@ def parse_gpus(spec: str) -> tuple[str, int]:
 
 def gpu_prices(path=None) -> dict:
     "`GPU_HOUR_USD`, updated from the YAML/JSON file `path` (default `$WF_GPU_PRICES`)."
-    import yaml
+    from wf_nb.io import read_yaml, shorten
     prices = {k: dict(v) for k, v in GPU_HOUR_USD.items()}
     path = path or os.environ.get('WF_GPU_PRICES')
     if path:
-        try: extra = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as e: raise ValueError(f"GPU price file {path}: {e}; fix it or unset WF_GPU_PRICES") from None
-        if not isinstance(extra, dict): raise ValueError(f"GPU price file {path} must map TYPE: {{on_demand: USD, spot: USD}}")
-        for k, v in extra.items(): prices.setdefault(str(k), {}).update(v if isinstance(v, dict) else {'on_demand': float(v)})
+        fix = f"fix it or unset WF_GPU_PRICES; the file maps TYPE: {{on_demand: USD, spot: USD}}"
+        try: extra = read_yaml(path)   # safe, no aliases, size-capped
+        except (OSError, ValueError) as e: raise ValueError(f"GPU price file {path} (WF_GPU_PRICES): {shorten(str(e), 200)}; {fix}") from None
+        if not isinstance(extra, dict): raise ValueError(f"GPU price file {path} (WF_GPU_PRICES) holds a {type(extra).__name__}; {fix}")
+        for k, v in extra.items():
+            v = v if isinstance(v, dict) else {'on_demand': v}
+            bad = [(f, x) for f, x in v.items() if f not in ('on_demand', 'spot') or isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < 1e6]
+            if bad: raise ValueError(f"GPU price file {path} (WF_GPU_PRICES): {shorten(str(k), 40)}.{shorten(str(bad[0][0]), 40)} = "
+                                     f"{shorten(repr(bad[0][1]), 40)}: give on_demand / spot as US dollars per GPU-hour; {fix}")
+            prices.setdefault(str(k), {}).update({f: float(x) for f, x in v.items()})
     return prices
 
 def gpu_hour_price(spec: str, spot: bool = False, prices=None) -> float:

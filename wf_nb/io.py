@@ -8,9 +8,10 @@ import errno, hashlib, json, os, shutil, tempfile
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DISK_FULL_BYTES', 'EXISTS', 'disk_full_error', 'atomic_write_bytes', 'atomic_write_text', 'write_json', 'read_json',
-           'write_yaml', 'read_yaml', 'atomic_dir', 'atomic_file', 'set_aside', 'sha256_file', 'sha256_files',
-           'sha256_json', 'format_table']
+__all__ = ['DISK_FULL_BYTES', 'YAML_MAX_BYTES', 'EXISTS', 'OUTPUT_MARKER', 'disk_full_error', 'atomic_write_bytes',
+           'atomic_write_text', 'write_json', 'read_json', 'write_yaml', 'YAMLInputError', 'shorten', 'load_yaml_text',
+           'read_yaml', 'atomic_dir', 'atomic_file', 'set_aside', 'OutputError', 'mark_output', 'check_output',
+           'sha256_file', 'sha256_files', 'sha256_json', 'format_table']
 
 # %% ../nbs/00_io.ipynb #29be6c7b
 DISK_FULL_BYTES = 64 << 20   # less free space than this when a write fails: the disk was full
@@ -57,10 +58,41 @@ def write_yaml(path, obj, fsync: bool = True) -> Path:
     import yaml
     return atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False), fsync=fsync)
 
-def read_yaml(path):
-    "The YAML document in `path`, parsed with `safe_load`: a file from elsewhere cannot build Python objects."
+# %% ../nbs/00_io.ipynb #b19195a0
+YAML_MAX_BYTES = 4 << 20   # a config or price table is a few KiB
+
+class YAMLInputError(ValueError):
+    "A YAML file or value wf_nb refuses to read (not YAML, an alias, too big); the message names it and the fix."
+
+def shorten(v, n: int = 120) -> str:
+    "`v` (a str, else its repr) cut to `n` characters: error messages never print an unbounded value."
+    s = v if isinstance(v, str) else repr(v)
+    return s if len(s) <= n else f"{s[:n]}... ({len(s)} characters)"
+
+def _loader():
     import yaml
-    return yaml.safe_load(Path(path).read_text())
+    class NoAliasLoader(yaml.SafeLoader):
+        "`SafeLoader` that refuses alias events (`*name`), so a document never expands beyond its own size."
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+    return NoAliasLoader
+
+def load_yaml_text(text: str, where: str = 'YAML'):
+    "Parse `text` like `yaml.safe_load`, refusing aliases; errors name `where` and quote at most 200 characters."
+    import yaml
+    if len(text) > YAML_MAX_BYTES: raise YAMLInputError(f"{where} is {len(text)} bytes, over the {YAML_MAX_BYTES} wf_nb reads; is it the right file?")
+    try: return yaml.load(text, Loader=_loader())
+    except yaml.YAMLError as e:
+        raise YAMLInputError(f"{where} is not valid wf_nb YAML ({shorten(' '.join(str(e).split()), 200)}); fix it") from None
+
+def read_yaml(path):
+    "The YAML document in `path`, read with `load_yaml_text` (no Python objects, no aliases, at most `YAML_MAX_BYTES`)."
+    path = Path(path)
+    if path.stat().st_size > YAML_MAX_BYTES:
+        raise YAMLInputError(f"{path} is {path.stat().st_size} bytes, over the {YAML_MAX_BYTES} wf_nb reads as YAML; is it the right file?")
+    return load_yaml_text(path.read_text(), str(path))
 
 # %% ../nbs/00_io.ipynb #0e0e1a0e
 EXISTS = ('keep', 'replace', 'error')
@@ -114,6 +146,78 @@ def set_aside(path, suffix: str) -> Path:
     path = Path(path); dst = path.with_name(path.name + suffix)
     os.replace(path, dst)
     return dst
+
+# %% ../nbs/00_io.ipynb #5fbe4bee
+OUTPUT_MARKER = '.wf_nb_output.json'
+
+class OutputError(FileExistsError):
+    "An output path wf_nb will not write or replace; the message says why and what to do."
+
+def mark_output(folder, kind: str) -> Path:
+    "Write `OUTPUT_MARKER` into `folder`, listing every file now in it (the last step of a writer)."
+    folder = Path(folder)
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob('*') if not p.is_dir() and p.name != OUTPUT_MARKER)
+    return write_json(folder/OUTPUT_MARKER, dict(format='wf_nb.output', kind=kind, files=files), fsync=False)
+
+def _marked_files(folder: Path) -> set | None:
+    "The files the marker in `folder` lists (None: no readable marker)."
+    try: m = read_json(folder/OUTPUT_MARKER)
+    except (OSError, ValueError): return None
+    return set(m['files']) | {OUTPUT_MARKER} if isinstance(m, dict) and m.get('format') == 'wf_nb.output' and isinstance(m.get('files'), list) else None
+
+def _is_run(d: Path) -> bool: return (d/'metadata.json').is_file() and not (d/OUTPUT_MARKER).exists()
+
+def _holds_runs(d: Path, limit: int = 10_000) -> bool:
+    "Is `d` a runs folder (a run among its first `limit` entries)?"
+    try:
+        for i, c in enumerate(os.scandir(d)):
+            if i >= limit: return False
+            if c.is_dir(follow_symlinks=False) and _is_run(Path(c.path)): return True
+    except OSError: return False
+    return False
+
+# %% ../nbs/00_io.ipynb #c1ddb5eb
+def _refuse_protected(out: Path, protect, flag: str):
+    "Refuse `out` when it is, contains or lies inside a protected path."
+    o = out.resolve()
+    for name, p in protect:
+        p = Path(p).resolve()
+        if o == p or o in p.parents or p in o.parents:
+            rel = 'is' if o == p else 'contains' if o in p.parents else 'is inside'
+            raise OutputError(f"{flag} {out} {rel} {name} {p}; wf_nb never writes over it. Choose an output outside it")
+
+def _refuse_runs(out: Path, flag: str):
+    "Refuse to replace `out` when it is or lies inside a run or a runs folder."
+    o = out.resolve()
+    for a in [o, *o.parents]:
+        if _is_run(a) or _holds_runs(a):
+            raise OutputError(f"{flag} {out} {'is' if a == o else 'is inside'} the {'run' if _is_run(a) else 'runs folder'} {a}; "
+                              f"wf_nb never writes there. Choose an output outside it")
+
+def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | None = None, flag: str = '--out') -> bool:
+    """Refuse an output wf_nb may not write or replace (see above); `protect`: `(name, path)` pairs. Returns whether
+    an existing output is to be replaced (False: `out` does not exist yet)."""
+    out = Path(out)
+    _refuse_protected(out, protect, flag)
+    if not out.exists() and not out.is_symlink(): return False
+    if not overwrite: raise OutputError(f"{flag} {out} already exists: choose another path, or pass --overwrite (overwrite=True) to replace an earlier wf_nb output")
+    _refuse_runs(out, flag)
+    if out.is_symlink(): raise OutputError(f"{flag} {out} is a symbolic link; wf_nb replaces only what it wrote. Choose another path")
+    if out.is_file():
+        with open(out, 'rb') as f: head = f.read(1 << 16)
+        if file_mark and file_mark in head: return True
+        raise OutputError(f"{flag} {out} is a file wf_nb did not write (no wf_nb mark in it); --overwrite replaces only "
+                          f"wf_nb's own outputs. Move it away or choose another path")
+    if not out.is_dir(): raise OutputError(f"{flag} {out} exists and is neither a file nor a folder; choose another path")
+    ours = _marked_files(out)
+    if ours is None:
+        if not any(out.iterdir()): return True                     # an empty folder
+        raise OutputError(f"{flag} {out} is not a wf_nb output (no {OUTPUT_MARKER}); --overwrite replaces only what wf_nb "
+                          f"wrote, never other folders. Choose a new or empty folder")
+    extra = sorted(str(p.relative_to(out)) for p in out.rglob('*') if not p.is_dir() and str(p.relative_to(out)) not in ours)
+    if extra: raise OutputError(f"{flag} {out} holds {len(extra)} file(s) wf_nb did not write ({shorten(', '.join(extra[:3]))}); "
+                                f"--overwrite never deletes them. Move them out or choose another path")
+    return True
 
 # %% ../nbs/00_io.ipynb #58742fb1
 def sha256_file(path, bufsize: int = 1 << 20) -> str:

@@ -8,7 +8,7 @@ import datetime as dt, fcntl, json, os, re, shutil, signal, socket, sys, time
 from dataclasses import dataclass
 from pathlib import Path
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
-from .io import atomic_dir, atomic_write_text, set_aside, sha256_files
+from .io import atomic_dir, atomic_write_text, set_aside, sha256_files, shorten
 
 # %% auto #0
 __all__ = ['STATUSES', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
@@ -90,10 +90,8 @@ class Run:
             return {'status': 'DAMAGED'}
         return m
     def config(self) -> WFConfig:
-        import yaml
-        try: return load_yaml(self.dir/'config.yaml')
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{self.dir/'config.yaml'} is not valid YAML ({str(e).splitlines()[0]}); restore it or remove the run {self.dir}") from None
+        "The run's config.yaml (read safely: `config.load_yaml`); a damaged one raises `ConfigError` naming it."
+        return load_yaml(self.dir/'config.yaml')
     def update(self, **kw) -> dict:
         "Merge `kw` into metadata.json (atomically) and stamp `updated`."
         m = {**self.meta(), **kw, 'updated': _now()}
@@ -302,7 +300,10 @@ def find_runs(runs_dir=None, status='COMPLETED', **match) -> list[Run]:
     for r in list_runs(runs_dir):
         if status and r.status != status: continue
         try: c = r.config()
-        except Exception: continue
+        except (ConfigError, OSError, ValueError) as e:   # never skip it silently: it may be the parent this lookup is for
+            if not status: continue
+            raise ConfigError(f"run {r.id} is {status or 'listed'} but its config cannot be read ({shorten(str(e), 200)}); restore "
+                              f"{r.dir/'config.yaml'} or move the run out of {r.dir.parent}") from None
         if all(c.get(k) == v for k, v in match.items()): out.append(r)
     return out
 
