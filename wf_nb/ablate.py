@@ -8,12 +8,14 @@ import json, math, os, statistics, time
 from pathlib import Path
 import torch
 from .config import get_config, fingerprint, git_info
+from .io import shorten
 from .runs import Run, default_runs_dir, run_id_for, run_output, lineage_parent
 
 # %% auto #0
-__all__ = ['ABLATIONS', 'PROTOCOLS', 'STAGES_OF_ARM', 'T95', 'METRICS', 'arm_configs', 'run_arm', 'heldout_perplexity',
-           'metric_rows', 'final_losses', 'score_arm', 't95', 'paired_difference', 'verdict', 'summarize',
-           'AblationError', 'expected_run_id', 'run_ablation']
+__all__ = ['ABLATIONS', 'PROTOCOLS', 'STAGES_OF_ARM', 'T95', 'METRICS', 'arm_configs', 'ablated_keys', 'check_overrides',
+           'effective_config', 'check_arms_differ', 'run_arm', 'heldout_perplexity', 'metric_rows', 'final_losses',
+           'score_arm', 't95', 'paired_difference', 'verdict', 'summarize', 'AblationError', 'expected_run_id',
+           'run_ablation']
 
 # %% ../nbs/10b_ablate.ipynb #5471625f
 ABLATIONS = {   # ablation -> {arm: overrides}; the first arm is the baseline
@@ -40,6 +42,7 @@ def arm_configs(ablation: str, arm: str, seed: int, protocol: str = 'cpu', overr
     if ablation not in ABLATIONS: raise ValueError(f"ablation {ablation!r} is not one of {', '.join(ABLATIONS)}")
     if arm not in ABLATIONS[ablation]: raise ValueError(f"arm {arm!r} is not one of {', '.join(ABLATIONS[ablation])} ({ablation})")
     if protocol not in PROTOCOLS: raise ValueError(f"protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+    check_overrides(ablation, overrides, max_steps)
     p = PROTOCOLS[protocol]
     model, steps = _pick(p['model'], ablation), _pick(p['steps'], ablation)
     base = [*p['overrides'], f'training.seed={int(seed)}', *ABLATIONS[ablation][arm], *overrides]
@@ -48,6 +51,38 @@ def arm_configs(ablation: str, arm: str, seed: int, protocol: str = 'cpu', overr
         n = min(steps[st], max_steps) if (max_steps and st in steps) else steps.get(st)
         out[st] = (model, base + ([f'training.max_steps={n}', 'training.total_tokens=0'] if n else []))
     return out
+
+# %% ../nbs/10b_ablate.ipynb #d2e102bc
+def ablated_keys(ablation: str) -> list[str]:
+    "The config keys the arms of `ablation` set (what a user override must not touch)."
+    return sorted({o.partition('=')[0] for ov in ABLATIONS[ablation].values() for o in ov})
+
+def check_overrides(ablation: str, overrides=(), max_steps: int = 0):
+    "Refuse a user override of an ablated key (or its whole group) and a negative or fractional `max_steps`."
+    keys = ablated_keys(ablation)
+    for o in overrides:
+        k = str(o).partition('=')[0].strip()
+        if k in keys or k in {x.split('.')[0] for x in keys}:
+            arms = '; '.join(f"{a}: {' '.join(ov)}" for a, ov in ABLATIONS[ablation].items())
+            raise ValueError(f"override {shorten(o, 80)} sets {k}, which the {ablation} ablation varies between its arms ({arms}); "
+                             f"drop it: applied to every arm it would make them the same run")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
+        raise ValueError(f"--max-steps {max_steps!r}: give 0 (the protocol's steps) or a positive cap")
+
+def effective_config(ablation: str, arm: str, protocol: str = 'cpu', overrides=(), max_steps: int = 0) -> dict:
+    "The values of the ablated keys that `arm`'s Stage-2 run trains with."
+    model, ov = arm_configs(ablation, arm, 1, protocol, overrides, max_steps)['2']
+    d = get_config(ov, stage='2', model=model).to_dict()
+    return {k: d[k.split('.')[0]][k.split('.', 1)[1]] for k in ablated_keys(ablation)}
+
+def check_arms_differ(ablation: str, configs: dict):
+    "Refuse to compare arms (`{arm: effective config}`) whose effective configs are equal."
+    seen = {}
+    for arm, c in configs.items():
+        key = json.dumps(c, sort_keys=True, default=str)
+        if key in seen: raise ValueError(f"arms {seen[key]} and {arm} of the {ablation} ablation train with the same config "
+                                         f"({shorten(key)}); there is nothing to compare")
+        seen[key] = arm
 
 # %% ../nbs/10b_ablate.ipynb #c5991a38
 def _completed(cfg, runs_dir) -> Run | None:
@@ -121,7 +156,8 @@ def score_arm(chain: dict, ablation: str, arm: str, seed: int, protocol: str = '
     s2 = chain['2']; tok = load_tokenizer(cfg.model)
     eval_tokens = PROTOCOLS[protocol]['eval_tokens']
     res = dict(ablation=ablation, arm=arm, seed=int(seed), protocol=protocol, model=model_name, run_id=s2['run_id'],
-               runs={st: c['run_id'] for st, c in chain.items()}, git_commit=git_info()['commit'])
+               runs={st: c['run_id'] for st, c in chain.items()}, git_commit=git_info()['commit'],
+               effective=effective_config(ablation, arm, protocol, overrides, max_steps))
     dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     res['heldout'] = heldout_perplexity(load(s2['output']).to(dev), cfg, tok, eval_tokens)
     res['heldout_ppl'] = res['heldout']['perplexity']
@@ -180,6 +216,8 @@ def summarize(results: list[dict]) -> dict:
     arms = list(dict.fromkeys(r['arm'] for r in results))
     abl = results[0]['ablation']; base = next(iter(ABLATIONS.get(abl, {arms[0]: []})))
     by = {a: {r['seed']: r for r in results if r['arm'] == a} for a in arms}
+    effective = {a: next((r['effective'] for r in by[a].values() if 'effective' in r), None) for a in arms}
+    if all(v is not None for v in effective.values()): check_arms_differ(abl, effective)
     table = {}
     for a in arms:
         for k, _ in METRICS:
@@ -188,7 +226,7 @@ def summarize(results: list[dict]) -> dict:
     diffs = {(a, k): paired_difference({s: r[k] for s, r in by[base].items() if r.get(k) is not None},
                                         {s: r[k] for s, r in by[a].items() if r.get(k) is not None})
              for a in arms if a != base for k, _ in METRICS}
-    return dict(ablation=abl, baseline=base, arms=arms, table=table, diffs=diffs,
+    return dict(ablation=abl, baseline=base, arms=arms, table=table, diffs=diffs, effective=effective,
                 verdicts={a: verdict(diffs[(a, 'heldout_ppl')], 'held-out perplexity', a) for a in arms if a != base})
 
 # %% ../nbs/10b_ablate.ipynb #5f0e8928
@@ -229,8 +267,9 @@ def expected_run_id(ablation, arm, seed, protocol, overrides=(), max_steps=0, ru
 def run_ablation(ablation: str, seeds: int = 3, protocol: str = 'cpu', overrides=(), max_steps: int = 0, runs_dir=None,
                  work_dir=None, report_dir=None, export: bool = True, command: str = '', log=print) -> dict:
     "Both arms x `seeds` through `ablation_arm.ipynb`, then `ablation_report.ipynb`; returns the summary and paths."
+    arm_configs(ablation, next(iter(ABLATIONS.get(ablation, {'?': 0}))), 1, protocol, overrides, max_steps)   # validates names early
+    check_arms_differ(ablation, {a: effective_config(ablation, a, protocol, overrides, max_steps) for a in ABLATIONS[ablation]})
     pm = _pm()
-    arm_configs(ablation, next(iter(ABLATIONS.get(ablation, {'?': 0}))), 1, protocol)   # validates names early
     root = _repo_root()/'papermill_runs'
     runs_dir = Path(runs_dir or default_runs_dir()).resolve()
     work = Path(work_dir or root/'out'/'ablate'/f'{ablation}-{protocol}').resolve(); work.mkdir(parents=True, exist_ok=True)
