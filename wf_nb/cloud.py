@@ -4,14 +4,15 @@
 
 # %% ../nbs/10a_cloud.ipynb #2597b056
 from __future__ import annotations
-import os, shlex, shutil, subprocess, sys
+import os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
 from .config import WFConfig, get_config, fingerprint, git_info
 from .gpus import parse_gpus, gpu_hour_price
+from .io import atomic_write_text, check_output, shorten
 
 # %% auto #0
-__all__ = ['SECRET_ENV', 'PASS_ENV', 'CKPT_MOUNT', 'MODAL_TEMPLATE', 'INSTALL_HINT', 'LaunchError', 'train_argv', 'job_config',
-           'wf_source', 'job_name', 'skypilot_task', 'modal_app_source', 'launch_cost', 'launch']
+__all__ = ['SECRET_ENV', 'PASS_ENV', 'CKPT_MOUNT', 'MODAL_TEMPLATE', 'LAUNCH_MARK', 'INSTALL_HINT', 'LaunchError', 'train_argv',
+           'job_config', 'wf_source', 'job_name', 'skypilot_task', 'modal_app_source', 'launch_cost', 'launch']
 
 # %% ../nbs/10a_cloud.ipynb #9abb1659
 class LaunchError(RuntimeError):
@@ -128,6 +129,38 @@ def modal_app_source(argv, gpus='A100:1', name='wf-train', commit='', secrets=()
                                  secrets=', '.join(f'modal.Secret.from_name({s!r})' for s in secrets),
                                  timeout=int(timeout_h * 3600), retries=int(retries), file=file)
 
+# %% ../nbs/10a_cloud.ipynb #1fe37aa8
+LAUNCH_MARK = 'wf_nb-output'   # in the header of every spec `wf launch` writes: `--overwrite` replaces such a file, no other
+
+def _check_launch_args(out: Path, secrets, max_restarts):
+    "Refuse what would write a broken or leaky spec: `--out` onto a file, a secret's value, negative restarts."
+    if out.is_file(): raise LaunchError(f"--out {out} is a file; give a folder for the spec (default launch/JOB)")
+    for s in secrets:
+        if not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9_.-]*', s):
+            raise LaunchError(f"--secret {shorten(s.partition('=')[0], 60)}{'=...' if '=' in s else ''}: give a Modal secret's NAME only "
+                              f"(values never enter the spec); create it once with `modal secret create NAME KEY=VALUE`")
+    if isinstance(max_restarts, bool) or int(max_restarts) != max_restarts or max_restarts < 0:
+        raise LaunchError(f"--max-restarts {max_restarts}: give a whole number, 0 or more")
+
+def _write_spec(backend, out: Path, argv, name, overwrite, **kw) -> tuple[Path, list]:
+    "Write `backend`'s spec into `out` (an existing one only as `io.check_output` allows): (file, command that starts it)."
+    head = f"{LAUNCH_MARK}: written by `wf launch --backend {backend}`; edit freely (`wf launch ... --overwrite` rewrites it)"
+    if backend == 'skypilot':
+        import yaml
+        f = out/'sky.yaml'; text = f"# {head}\n" + yaml.safe_dump(skypilot_task(argv, name=name, **kw['sky']), sort_keys=False)
+        cmd = ['sky', 'jobs', 'launch', '-y', '-n', name, *[x for s in SECRET_ENV if os.environ.get(s) for x in ('--secret', s)], str(f)]
+    elif backend == 'modal':
+        f = out/'modal_app.py'; text = f"# {head}\n" + modal_app_source(argv, name=name, file=f.name, **kw['modal'])
+        cmd = ['modal', 'run', '--detach', str(f)]
+    elif backend == 'local':
+        f = out/'run.sh'; text = f"#!/bin/sh\n# {head}\n# wf_nb run {name}\nexec {shlex.join(['wf', *argv])}\n"
+        cmd = ['wf', *argv]
+    else: raise LaunchError(f"unknown backend {backend!r}; use skypilot | modal | local")
+    check_output(f, overwrite, file_mark=LAUNCH_MARK.encode(), flag='--out')
+    atomic_write_text(f, text)
+    if backend == 'local': f.chmod(0o755)
+    return f, cmd
+
 # %% ../nbs/10a_cloud.ipynb #041379b7
 INSTALL_HINT = {'skypilot': "pip install 'skypilot[aws]' (or [gcp], [azure], [kubernetes], ...), then `sky check`",
                 'modal': "pip install modal, then `modal setup`"}
@@ -142,7 +175,7 @@ def launch_cost(gpus: str, num_nodes: int = 1, spot: bool = False) -> tuple[floa
                    if per else f"{what}: no price for {kind} in the table; set one in a WF_GPU_PRICES file")
 
 def launch(backend: str, model=None, stage=None, overrides=(), scale=None, gpus='A100:1', num_nodes=1, spot=True,
-           out=None, dry_run=False, secrets=(), max_restarts=3, log=print) -> dict:
+           out=None, dry_run=False, secrets=(), max_restarts=3, log=print, overwrite=False) -> dict:
     "Write the `backend` spec for `wf train` with these arguments and (unless `dry_run`) start it; `{'files', 'command', 'cost_per_hour', 'name'}`."
     kind, count = parse_gpus(gpus)
     if scale is None and count > 1 and num_nodes == 1: scale = 'large'   # one process per GPU of the machine
@@ -152,22 +185,11 @@ def launch(backend: str, model=None, stage=None, overrides=(), scale=None, gpus=
     name = job_name(cfg, commit)
     argv = train_argv(model, stage, [*overrides, f'distributed.gpus={kind}:{count}'], scale)   # gpus: prices the run; not in the fingerprint
     out = Path(out or Path('launch')/name)
-    from wf_nb.io import atomic_write_text
-    if backend == 'skypilot':
-        import yaml
-        f = out/'sky.yaml'
-        atomic_write_text(f, yaml.safe_dump(skypilot_task(argv, gpus, num_nodes, spot, max_restarts, commit, name=name, src=src), sort_keys=False))
-        cmd = ['sky', 'jobs', 'launch', '-y', '-n', name, *[x for s in SECRET_ENV if os.environ.get(s) for x in ('--secret', s)], str(f)]
-    elif backend == 'modal':
-        if num_nodes > 1: raise LaunchError("--nodes > 1 is a SkyPilot (or torchrun) launch; Modal runs one machine per function")
-        f = out/'modal_app.py'
-        atomic_write_text(f, modal_app_source(argv, gpus, name, commit, secrets, retries=max_restarts, src=src, file=f.name))
-        cmd = ['modal', 'run', '--detach', str(f)]
-    elif backend == 'local':
-        f = out/'run.sh'
-        atomic_write_text(f, f"#!/bin/sh\n# wf_nb run {name}\nexec {shlex.join(['wf', *argv])}\n"); f.chmod(0o755)
-        cmd = ['wf', *argv]
-    else: raise LaunchError(f"unknown backend {backend!r}; use skypilot | modal | local")
+    _check_launch_args(out, secrets, max_restarts)
+    if backend == 'modal' and num_nodes > 1: raise LaunchError("--nodes > 1 is a SkyPilot (or torchrun) launch; Modal runs one machine per function")
+    f, cmd = _write_spec(backend, out, argv, name, overwrite,
+                         sky=dict(gpus=gpus, num_nodes=num_nodes, spot=spot, max_restarts=max_restarts, commit=commit, src=src),
+                         modal=dict(gpus=gpus, commit=commit, secrets=secrets, retries=max_restarts, src=src))
     rate, what = launch_cost(gpus, num_nodes, spot and backend == 'skypilot')
     log(f"wf launch: {backend} job {name}, {what}; spec {f}")
     res = {'files': [str(f)], 'command': cmd, 'cost_per_hour': rate, 'name': name}
