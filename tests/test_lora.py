@@ -1,0 +1,78 @@
+"""LoRA on a frozen ternary model, end to end on the tiny model (issue 37): `peft.method=lora` Stage 3 (BitDistill from
+an FP teacher) trains only the adapter, checkpoints only the adapter (+ the base's digest), saves it in PEFT's format,
+resumes from a checkpoint to the same adapter as an uninterrupted run, and refuses to resume on another base."""
+import json, shutil
+from pathlib import Path
+import pytest, torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+TINY = ['data.task=shakespeare_genre', 'peft.method=lora', 'peft.r=4', 'training.max_steps=4', 'training.save_interval=2',
+        'data.seq_len=48', 'training.batch_size=2', 'logging.interval=1', 'logging.progress=false', 'training.lr=3e-3',
+        'training.precision=fp32', 'logging.wandb_mode=disabled']
+
+
+@pytest.fixture(scope='module')
+def bases(tmp_path_factory):
+    "A tiny FP model (the teacher) and its ternary conversion (the base), saved as wf_nb checkpoints."
+    from wf_nb.config import get_config
+    from wf_nb.models import build_model
+    from wf_nb.convert import convert, save_model
+    from wf_nb.assets import load_tokenizer
+    d = tmp_path_factory.mktemp('lora')
+    mc = get_config(model='tiny_llama').model
+    fp, tok = build_model(mc, seed=0), load_tokenizer(mc)
+    save_model(fp, tok, d/'fp')
+    save_model(convert(fp), tok, d/'s1')
+    torch.manual_seed(5)
+    other = convert(build_model(mc, seed=1)); save_model(other, tok, d/'s1_other')
+    return d
+
+
+def _cfg(d, *extra, base='s1'):
+    from wf_nb.config import get_config
+    return get_config([*TINY, f'training.checkpoint_path={d/base}', f'distill.teacher={d/"fp"}', *extra], stage='3', model='tiny_llama')
+
+
+def test_stage3_lora_trains_saves_and_resumes(bases):
+    from wf_nb.stages import run_stage
+    from wf_nb.runs import Run
+    from wf_nb.lora import is_adapter_dir, load_adapter
+    runs = bases/'runs'
+    res = run_stage(_cfg(bases), runs, log=lambda *a, **k: None)
+    assert res['status'] == 'COMPLETED'
+    out, run = Path(res['output']), Run(Path(res['run_dir']))
+    assert is_adapter_dir(out) and not (out/'model.safetensors').exists()          # the adapter only, never the base
+    assert json.loads((out/'adapter_config.json').read_text())['r'] == 4           # PEFT's format
+    meta = run.meta()
+    assert 0 < meta['peft']['share'] < 0.05 and meta['base_digest']
+    rows = [json.loads(l) for l in run.metrics_path.read_text().splitlines() if '"loss"' in l]
+    assert len(rows) == 4 and all('attn' in r and 'kd' in r for r in rows)         # BitDistill's terms reach the adapter
+    ck = run.dir/'checkpoints'/'step_00000002'
+    with safe_open(str(ck/'model.safetensors'), 'pt') as f: keys = set(f.keys())
+    assert keys and all('lora_' in k for k in keys)
+    assert json.loads((ck/'manifest.json').read_text())['base_digest'] == meta['base_digest']
+    final = load_file(str(out/'adapter_model.safetensors'))
+    assert any(v.abs().sum() > 0 for k, v in final.items() if 'lora_B' in k)       # it learned something
+
+    # interrupted after step 2: the same command resumes from the step-2 checkpoint and ends with the same adapter
+    shutil.rmtree(run.dir/'checkpoints'/'step_00000004'); shutil.rmtree(out)
+    run.update(status='INTERRUPTED')
+    res2 = run_stage(_cfg(bases), runs, log=lambda *a, **k: None)
+    assert res2['status'] == 'COMPLETED' and res2['run_dir'] == res['run_dir']
+    assert 'resumed from step_00000002' in (run.dir/'train.log').read_text()
+    again = load_file(str(Path(res2['output'])/'adapter_model.safetensors'))
+    assert again.keys() == final.keys() and all(torch.allclose(again[k], final[k], atol=1e-6) for k in final)
+
+    # the adapter serves on its base, and refuses another one
+    from wf_nb.convert import load
+    m = load_adapter(bases/'s1', out)
+    assert m(input_ids=torch.tensor([[1, 2, 3]])).logits.isfinite().all()
+    with pytest.raises(ValueError, match='another base'): load_adapter(bases/'s1_other', out)
+
+
+def test_lora_needs_a_ternary_base(bases):
+    from wf_nb.stages import run_stage
+    from wf_nb.config import get_config
+    cfg = get_config([*TINY, 'training.max_steps=1'], stage='sft', model='tiny_llama')   # the FP model: nothing ternary to adapt
+    with pytest.raises(ValueError, match='no BitLinear'): run_stage(cfg, bases/'runs_fp', log=lambda *a, **k: None)
