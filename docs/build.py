@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / 'docs'
 CACHE = DOCS / '_cache'
-EXEC_VERSION = '3'                      # bump when `_exec_child` changes what it saves
+EXEC_VERSION = '4'                      # bump when `_exec_child` changes what it saves (4: a Jupyter kernel)
 SKIP_FLAGS = ('slow', 'cuda')           # as nbdev_test (settings.ini tst_flags): these cells are not executed
 
 def page_name(nb_path: Path) -> str:
@@ -44,39 +44,95 @@ def cached_path(nb: Path, lib: str) -> Path:
     key = hashlib.sha256(nb.read_bytes() + EXEC_VERSION.encode()).hexdigest()[:16]
     return CACHE / f"{nb.stem}-{key}-{lib}.ipynb"
 
+def skip_reason(cell, flags=SKIP_FLAGS) -> str:
+    "Why `nbdev_test` would not run this cell ('' when it runs): a flag of `flags` (`#| slow`, `#| cuda`), `#| eval: false`, `nbdev_export()`."
+    from nbdev.process import extract_directives
+    if cell.get('cell_type') != 'code': return 'markdown'
+    from fastcore.basics import AttrDict
+    d = extract_directives(AttrDict(source=cell['source']), remove=False)
+    if d.get('eval:', [''])[0].lower() == 'false': return 'eval: false'
+    if 'nbdev_export' + '(' in cell['source']: return 'nbdev_export'
+    hit = [f for f in flags if f in d]
+    return hit[0] if hit else ''
+
+def run_in_kernel(src: Path, dst: Path | None = None, cwd: Path | None = None, flags=SKIP_FLAGS, timeout: int = 1800,
+                  kernel: str = 'python3') -> dict:
+    """Execute notebook `src` in a fresh Jupyter kernel (`kernel`, the one JupyterLab and papermill start), cell by cell
+    in order as Run All does, skipping the cells `nbdev_test` skips (`skip_reason`), stopping at the first error. Saves the
+    executed notebook to `dst` (outputs included; `\\r` progress redraws collapsed as a Jupyter frontend shows them), also when
+    a cell failed. Returns `{ran, skipped: {reason: n}, seconds, error}`."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    src = Path(src); nb = nbformat.read(src, as_version=4)
+    info = dict(ran=0, skipped={}, seconds=0.0, error=None)
+    class Client(NotebookClient):
+        async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+            why = skip_reason(cell, flags)
+            if why:
+                if why != 'markdown': info['skipped'][why] = info['skipped'].get(why, 0) + 1
+                return cell
+            info['ran'] += 1
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+    import tempfile
+    from jupyter_client.manager import AsyncKernelManager
+    ipc = tempfile.mkdtemp(prefix='wf-kernel-')    # a local socket, not TCP (no unencrypted-port warning)
+    km = AsyncKernelManager(kernel_name=kernel, transport='ipc', ip=os.path.join(ipc, 'k'))
+    client = Client(nb, km=km, timeout=timeout, kernel_name=kernel, coalesce_streams=True, record_timing=False,
+                    resources={'metadata': {'path': str(cwd or src.parent)}})
+    client.owns_km = True                          # shut the kernel down afterwards, as for a kernel it started itself
+    t0 = time.time()
+    try: client.execute()
+    except CellExecutionError as e: info['error'] = str(e)
+    finally: shutil.rmtree(ipc, ignore_errors=True)
+    info['seconds'] = round(time.time() - t0, 1)
+    if dst is not None:
+        for c in nb.cells: c.get('metadata', {}).pop('execution', None)
+        tmp = Path(dst).with_suffix('.tmp'); nbformat.write(nb, tmp); os.replace(tmp, dst)
+    return info
+
 def _exec_child(src: str, dst: str):
-    "Run one notebook as nbdev_test does (skipping `slow`/`cuda` cells) and save it with its outputs."
-    from nbdev.process import NBProcessor
-    from execnb.nbio import write_nb
-    from execnb.shell import CaptureShell
-    from fastcore.xtras import working_directory
-    src = Path(src)
-    os.environ['IN_TEST'] = '1'
-    os.environ.setdefault('TQDM_DISABLE', '1')            # progress bars are noise on a docs page
-    nb = NBProcessor(src, rm_directives=False).nb      # parses the directives, changes nothing
-    def skip(cell):
-        if cell.cell_type != 'code': return True
-        d = getattr(cell, 'directives_', {}) or {}
-        return d.get('eval:', [''])[0].lower() == 'false' or bool(set(SKIP_FLAGS) & d.keys())
-    k = CaptureShell(src)
-    with working_directory(src.parent): k.run_all(nb, exc_stop=True, preproc=skip)
-    for c in nb.cells: c.pop('directives_', None)
-    tmp = Path(dst).with_suffix('.tmp'); write_nb(nb, tmp); os.replace(tmp, dst)
+    "`run_in_kernel` in its own process (so a notebook's kernel and environment are fresh); exit 1 when a cell failed."
+    info = run_in_kernel(Path(src), Path(dst))
+    print(json.dumps({k: v for k, v in info.items() if k != 'error'}))
+    if info['error']: print(info['error'], file=sys.stderr); sys.exit(1)
+
+# Progress bars are redrawn live in JupyterLab; in a saved notebook and on a docs page they are debris. tqdm's
+# "IProgress not found" warning (a kernel without ipywidgets, raised when torch imports tqdm.auto) is known noise.
+KERNEL_ENV = {'TQDM_DISABLE': '1', 'HF_HUB_DISABLE_PROGRESS_BARS': '1', 'PYTHONWARNINGS': 'ignore:IProgress not found'}
+
+def execute_one(nb: Path, dst: Path, timeout: int = 1800, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    "Run notebook `nb` in a fresh process and kernel (`_exec_child`), its executed copy written to `dst`: `(process, info)`."
+    env = {**os.environ, **KERNEL_ENV, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''), **(env or {})}
+    env.pop('MPLBACKEND', None)                     # the kernel's own inline backend, as in JupyterLab
+    r = subprocess.run([sys.executable, __file__, '--exec-one', str(nb), str(dst)], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    try: info = json.loads(r.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError): info = {}
+    return r, info
+
+def store(nb: Path, executed: Path, lib: str | None = None) -> Path:
+    "Keep `executed` (a successful run of notebook `nb`) in the cache as its executed copy; returns the cached path."
+    CACHE.mkdir(parents=True, exist_ok=True)
+    dst = cached_path(nb, lib or _lib_hash())
+    for old in CACHE.glob(f'{nb.stem}-*.ipynb'):
+        if old != dst: old.unlink()
+    if Path(executed).parent == CACHE: os.replace(executed, dst)
+    elif Path(executed) != dst: shutil.copyfile(executed, dst.with_suffix('.tmp')); os.replace(dst.with_suffix('.tmp'), dst)
+    return dst
 
 def execute(nbs: list[Path], jobs: int = 2, timeout: int = 1800, log=print) -> dict[Path, Path]:
-    "Executed copies of `nbs` (from the cache, or run now, `jobs` at a time); a notebook that fails keeps no outputs."
+    "Executed copies of `nbs` (from the cache, or run now in a kernel, `jobs` at a time); a notebook that fails keeps no outputs."
     CACHE.mkdir(parents=True, exist_ok=True)
     lib, done = _lib_hash(), {}
     def one(nb):
         dst = cached_path(nb, lib)
         if dst.exists(): return nb, dst
-        for old in CACHE.glob(f'{nb.stem}-*.ipynb'): old.unlink()
-        t0 = time.time()
-        r = subprocess.run([sys.executable, __file__, '--exec-one', str(nb), str(dst)], capture_output=True, text=True,
-                           timeout=timeout, env={**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', '')})
-        if r.returncode or not dst.exists():
+        tmp = CACHE / f'{nb.stem}.running.ipynb'
+        r, info = execute_one(nb, tmp, timeout)
+        if r.returncode or not tmp.exists():
             log(f"  ! {nb.name} failed to execute; its page shows no outputs\n{r.stderr[-1500:]}"); return nb, None
-        log(f"  executed {nb.name} in {time.time() - t0:.0f}s"); return nb, dst
+        log(f"  executed {nb.name} in {info.get('seconds', '?')}s"); return nb, store(nb, tmp, lib)
     with ThreadPoolExecutor(jobs) as ex:
         for nb, dst in ex.map(one, nbs):
             if dst: done[nb] = dst

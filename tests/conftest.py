@@ -54,3 +54,7 @@ def module_tmp(request, tmp_path_factory):
     yield mk
     if request.module.__name__ not in request.session.stash.get(_FAILED_MODULES, set()):
         for d in made: shutil.rmtree(d, ignore_errors=True)
+
+def pytest_collection_modifyitems(session, config, items):
+    "The docs site test last: it renders the executed notebooks that test_notebooks.py and test_jupyter.py keep in docs/_cache/."
+    items.sort(key=lambda it: it.module.__name__ == 'test_docs')   # stable: every other test keeps its order

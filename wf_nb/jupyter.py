@@ -80,12 +80,13 @@ class LivePlot:
     """The live training curves of a notebook: `update(record)` with each metric record redraws the figure in place
     (one output, replaced through IPython's display handle, as fastai's `ShowGraph` does), at most every `every` seconds."""
     def __init__(self, title='', every: float = 2.0, display=None):
-        self.title, self.every, self.records, self.handle, self.last, self.draws, self.total = title, every, [], None, 0.0, 0, None
+        self.title, self.every, self.records, self.handle, self.last, self.draws, self.total = title, every, [], None, None, 0, None
         self._display = display   # for tests: a function(obj, display_id=True) -> handle with .update(obj)
     def __call__(self, trainer, record): self.total = trainer.max_steps; self.update(record)   # as a Trainer reporter
     def update(self, record=None, force=False):
         if record is not None: self.records.append(record)
-        if not any('loss' in r for r in self.records) or (not force and time.monotonic() - self.last < self.every): return
+        if not any('loss' in r for r in self.records): return
+        if not force and self.last is not None and time.monotonic() - self.last < self.every: return   # the first record always draws
         self.show(); self.last = time.monotonic()
     def png(self) -> bytes:
         step = max((r['step'] for r in self.records if 'loss' in r), default=0)
