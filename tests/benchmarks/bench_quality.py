@@ -1,36 +1,58 @@
-"""Quality at equal student tokens: the wf_nb ternary pipeline against naive ternary QAT, PTQ and the FP teacher.
+"""Quality at equal student tokens: the wf_nb ternary pipeline against a KD-QAT peer, naive ternary QAT, PTQ and the FP teacher.
 
-The issue-12 protocol, side by side in one script. SmolLM2-135M-Instruct (Q4_1) is made ternary with 153,600 student
-tokens of Shakespeare (300 steps x 4 x 128, bf16 autocast; teacher forwards do not count) and every arm is scored on
-held-out text that no arm trains on:
+Issues 12 and 33, side by side in one script. SmolLM2-135M-Instruct (Q4_1) is made ternary with 153,600 student
+tokens (300 steps x 4 x 128, bf16 autocast; teacher forwards do not count) and every arm is scored on
 
-  shakespeare   the documents wf_nb's data split holds out of the Shakespeare corpus (whole plays)
-  bible_kjv     three books of the King James Bible (Debian `bible-kjv`; skipped with a note when absent)
-  licenses      the GPL-3, Apache-2.0, MPL-2.0 and LGPL-2.1 texts of /usr/share/common-licenses (legal English)
+  generality    six held-out domains that no training set or mixture contains (wf_nb.generality.HELDOUT_DOMAINS:
+                dictionary, computing_lore, quotations, changelogs, manuals, structured_data), each as perplexity
+                and as the ratio to the FP teacher's
+  chat          agreement with the teacher on held-out chat prompts (wf_nb.generality.CHAT_PROMPTS) and its greedy
+                64-token answers: mean KL(teacher || student) per answer token, and top-1 agreement
+  legacy        issue 12's three sources: the Shakespeare documents the data split holds out, three books of the KJV
+                Bible (Psalms, Luke, Acts) and four license texts. Scripture and legal text are training domains of
+                the `general` mixture, so for its arms these two columns are not held-out domains.
 
-Arms (each in its own process, `--parallel` at a time):
-  fp            the FP teacher, untrained
-  ptq           naive ternary PTQ: transformers' AutoBitLinear (online), no training
-  naive_qat     naive ternary QAT: AutoBitLinear, no SubLN, no distillation, a plain AdamW loop (lr 1e-4, 20 warm-up
-                steps, then constant) on the same Shakespeare batches as wf_nb
-  wf_pipeline   `wf pipeline -m smollm2_135m --tokens 153600 training.precision=bf16`: wf_nb's defaults, Stage 1 ->
-                1.9 -> 2 (add --wf-args to try other settings, e.g. --wf-args "--split 0.25 training.lr=1e-3")
+Arms (each in its own process, `--parallel` at a time); DATA is a data preset or mixture (default shakespeare:
+`general` and `general_teacher` are mixtures of 00c_recipes, `teacher` the corpus `wf data generate` writes):
+  fp                      the FP teacher, untrained
+  ptq                     naive ternary PTQ: transformers' AutoBitLinear (online), no training
+  naive_qat[@DATA]        naive ternary QAT: AutoBitLinear, no SubLN, no distillation, plain AdamW (lr 1e-4, 20
+                          warm-up steps, then constant) on the same batches as wf_nb
+  kd_peer[@DATA[@LR]]     the practitioner's peer: AutoBitLinear (no SubLN) trained by plain logits KD from the FP
+                          teacher (forward KL, T = 1), AdamW (weight decay 0.01, grad clip 1) with 10% linear warm-up
+                          then cosine to 0 (transformers' schedule); LR default 1e-3 (issue 33: the better of 5e-4 and 1e-3)
+  wf_pipeline[@DATA]      `wf pipeline -m smollm2_135m --tokens 153600 training.precision=bf16` on DATA: wf_nb's
+                          defaults, Stage 1 -> 1.9 -> 2 (--wf-args adds settings, e.g. "--split 0.25 training.lr=1e-3")
 
-    python tests/benchmarks/bench_quality.py [--tokens 153600] [--arms fp,ptq,naive_qat,wf_pipeline] [--parallel 2]
-                                             [--out bench_quality_out] [--eval-tokens 16000]
+    python tests/benchmarks/bench_quality.py [--tokens 153600] [--arms fp,ptq,naive_qat,kd_peer,wf_pipeline]
+                                             [--parallel 2] [--threads N] [--out bench_quality_out] [--eval-tokens 16000]
+    python tests/benchmarks/bench_quality.py --arms fp,wf_pipeline@general,kd_peer@general@1e-3 --parallel 1 --threads 1
     python tests/benchmarks/bench_quality.py --grad-scale     # gradient norm of each loss term (a minute)
+    python tests/benchmarks/bench_quality.py --table --out DIR   # print the tables of the arms finished in DIR
 
-Prints one row per arm: perplexity per held-out source, the ratio to naive QAT, wall time and student tokens/s. Runs
-resume by fingerprint (the wf arm) and each finished arm's JSON is reused, so an interrupted benchmark continues.
-This is a benchmark (about an hour on 2 CPU cores), not a test."""
+Prints the generality table (perplexity / teacher per domain, their geometric mean, chat KL and top-1), the legacy
+table (perplexity, ratio to naive QAT), and per arm the wall time of training and student tokens per second. Runs
+resume by fingerprint (the wf arms) and each finished arm's JSON is reused, so an interrupted benchmark continues.
+This is a benchmark (about half an hour per trained arm on 2 CPU cores), not a test."""
 import argparse, json, math, os, shlex, subprocess, sys, time
 from pathlib import Path
 
 B, S = 4, 128
-ARMS = ['fp', 'ptq', 'naive_qat', 'wf_pipeline']
+ARMS = ['fp', 'ptq', 'naive_qat', 'kd_peer', 'wf_pipeline']
+LEGACY = ('shakespeare', 'bible_kjv', 'licenses')
+
+def parse_arm(arm: str) -> tuple[str, str, float | None]:
+    "'kd_peer@general@5e-4' -> ('kd_peer', 'general', 5e-4); the data defaults to shakespeare."
+    kind, *rest = arm.split('@')
+    return kind, (rest[0] if rest else 'shakespeare'), (float(rest[1]) if len(rest) > 1 else None)
+
+def data_overrides(data: str) -> list[str]:
+    "Config overrides that train on `data`: a registered mixture, or a preset/path source."
+    from wf_nb.data import MIXTURES
+    return [f'data.mixture={data}'] if data in MIXTURES else [f'data.source={data}']
 
 def heldout() -> dict:
-    "Held-out texts per source: {name: [text, ...]}; sources that are not installed are left out."
+    "Legacy held-out texts per source: {name: [text, ...]}; sources that are not installed are left out."
     from wf_nb.data import bible_kjv_files, DataError
     out = {}
     lic = [Path('/usr/share/common-licenses', n) for n in ('GPL-3', 'Apache-2.0', 'MPL-2.0', 'LGPL-2.1')]
@@ -40,18 +62,19 @@ def heldout() -> dict:
     except DataError as e: print(f"bible_kjv skipped: {e}", file=sys.stderr)
     return out
 
-def cfg_for(precision='bf16', seed=42):
+def cfg_for(precision='bf16', seed=42, data='shakespeare'):
     from wf_nb.config import get_config
-    return get_config([f'training.batch_size={B}', f'data.seq_len={S}', f'training.seed={seed}', f'training.precision={precision}'],
-                      stage='2', model='smollm2_135m')
+    return get_config([f'training.batch_size={B}', f'data.seq_len={S}', f'training.seed={seed}', f'training.precision={precision}',
+                       *data_overrides(data)], stage='2', model='smollm2_135m')
 
-def evaluate(model, max_tokens: int) -> dict:
-    "Perplexity per held-out source (bf16 autocast, as trained), and on the Shakespeare documents the data split holds out."
+def evaluate(model, max_tokens: int, teacher=None, answers=None) -> dict:
+    "Perplexity per legacy source and per generality domain (bf16 autocast, as trained); chat agreement with `teacher`."
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
     from wf_nb.losses import lm_loss
     from wf_nb.evaluate import perplexity
+    from wf_nb.generality import heldout_texts, generality_ppl, chat_agreement
     cfg = cfg_for(); tok = load_tokenizer(cfg.model)
     model.eval(); res = {}
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
@@ -63,48 +86,78 @@ def evaluate(model, max_tokens: int) -> dict:
             nll += float(r['loss']) * int(r['n_tokens']); n += int(r['n_tokens'])
             if n >= max_tokens: break
         res['shakespeare'] = math.exp(nll / n)
+    res['domains'] = generality_ppl(model, tok, heldout_texts(), max_tokens=max_tokens, seq_len=256)
+    if teacher is not None and answers: res.update(chat_agreement(model, teacher, answers))
     return res
 
 from bench_train import hf_bitnet   # transformers' AutoBitLinear (online) in every linear but lm_head: the naive QAT layer
 
-def naive_qat(model, tokens: int, lr=1e-4, warmup=20):
-    "A plain AdamW loop on the same Shakespeare batches wf_nb trains on (bf16 autocast)."
+def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20):
+    "A plain AdamW loop on the same batches wf_nb trains on (bf16 autocast)."
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
-    cfg = cfg_for(); data = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
+    cfg = cfg_for(data=data); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for step in range(tokens // (B * S)):
         for g in opt.param_groups: g['lr'] = lr * min(1.0, (step + 1) / warmup)
-        b = next(data)
+        b = next(batches)
         with torch.autocast('cpu', dtype=torch.bfloat16): loss = model(input_ids=b['input_ids'], labels=b['labels'], use_cache=False).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
         if step % 50 == 0: print(f"naive_qat step {step} loss {loss.item():.3f}", file=sys.stderr, flush=True)
     return model
 
+def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_frac=0.1, weight_decay=0.01, clip=1.0):
+    "Plain logits KD (forward KL, T = 1) from the FP teacher into AutoBitLinear: AdamW, linear warm-up, cosine decay."
+    import torch
+    from transformers import get_cosine_schedule_with_warmup
+    from wf_nb.assets import load_tokenizer
+    from wf_nb.stream import get_data
+    from wf_nb.distill import kd_loss
+    cfg = cfg_for(data=data); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
+    steps = tokens // (B * S)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = get_cosine_schedule_with_warmup(opt, max(1, int(warmup_frac * steps)), steps)
+    model.train(); teacher.eval()
+    for step in range(steps):
+        b = next(batches); kw = {k: b[k] for k in ('attention_mask', 'position_ids') if k in b}
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            with torch.inference_mode(): t_logits = teacher(input_ids=b['input_ids'], use_cache=False, **kw).logits
+            loss = kd_loss(model(input_ids=b['input_ids'], use_cache=False, **kw).logits, t_logits.clone(), labels=b['labels'], T=1.0)
+        loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), clip); opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+        if step % 50 == 0: print(f"kd_peer step {step} KL {loss.item():.3f} lr {sched.get_last_lr()[0]:.2e}", file=sys.stderr, flush=True)
+    return model
+
 def run_arm(arm: str, a) -> dict:
     import torch
-    from wf_nb.assets import load_fp_model
+    from wf_nb.assets import load_fp_model, load_tokenizer
+    from wf_nb.generality import cached_answers
+    kind, data, lr = parse_arm(arm)
     torch.manual_seed(0)
+    teacher = load_fp_model(cfg_for().model).eval()
+    answers = cached_answers(Path(a.out)/'chat_answers.json', teacher, load_tokenizer(cfg_for().model))
     t0, cmd, trained = time.time(), None, 0
-    if arm == 'wf_pipeline':
+    if kind == 'wf_pipeline':
         cmd = ['wf', 'pipeline', '-m', 'smollm2_135m', '--tokens', str(a.tokens), '--runs-dir', str(Path(a.out)/'runs'),
-               'training.precision=bf16', 'logging.progress=false', *shlex.split(a.wf_args)]
+               'training.precision=bf16', 'logging.progress=false', *data_overrides(data), *shlex.split(a.wf_args)]
         r = subprocess.run(cmd, text=True, capture_output=True)
         if r.returncode: raise SystemExit(f"wf pipeline failed:\n{r.stderr[-3000:]}")
         out = r.stdout.strip().splitlines()[-1].split('output ')[-1]
         from wf_nb.convert import load
         model, trained = load(out), a.tokens
-    else:
+    elif kind in ('fp', 'ptq', 'naive_qat', 'kd_peer'):
         model = load_fp_model(cfg_for().model)
-        if arm in ('ptq', 'naive_qat'): model = hf_bitnet(model)
-        if arm == 'naive_qat': model, trained = naive_qat(model, a.tokens), a.tokens
-        cmd = ['python', 'tests/benchmarks/bench_quality.py', '--one', arm]
+        if kind != 'fp': model = hf_bitnet(model)
+        if kind == 'naive_qat': model, trained = naive_qat(model, a.tokens, data), a.tokens
+        if kind == 'kd_peer': model, trained = kd_peer(model, teacher, a.tokens, data, lr or 1e-3), a.tokens
+        cmd = ['python', 'tests/benchmarks/bench_quality.py', '--arms', arm, '--tokens', str(a.tokens)]
+    else: raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)} (optionally @DATA, kd_peer also @LR)")
     train_s = time.time() - t0
-    res = evaluate(model, a.eval_tokens)
-    return {'arm': arm, **res, 'train_s': train_s, 'tokens': trained, 'tokens_per_s': trained / train_s if trained else None,
-            'eval_s': time.time() - t0 - train_s, 'command': ' '.join(cmd), 'threads': torch.get_num_threads()}
+    res = evaluate(model, a.eval_tokens, teacher, answers)
+    return {'arm': arm, 'data': data, 'lr': lr, **res, 'train_s': train_s, 'tokens': trained,
+            'tokens_per_s': trained / train_s if trained else None, 'eval_s': time.time() - t0 - train_s,
+            'eval_tokens': a.eval_tokens, 'command': ' '.join(cmd), 'threads': torch.get_num_threads()}
 
 def grad_scale():
     "Gradient norm of each Stage-1.9 / 2 term on the real Stage-1 student, one 4 x 128 Shakespeare batch (issue 12, item 1)."
@@ -132,40 +185,80 @@ def grad_scale():
         g = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in s.parameters() if p.grad is not None)).item()
         print(f'| {name} | {v.item():.4g} | {g:.4g} |', flush=True)
 
-def table(rows: list[dict]) -> str:
-    srcs = [k for k in ('shakespeare', 'bible_kjv', 'licenses') if any(k in r for r in rows)]
+def _fmt(v): return '' if v is None else f'{v:,.0f}' if v >= 1000 else f'{v:.1f}' if v >= 10 else f'{v:.2f}'
+
+def generality_table(rows: list[dict]) -> str:
+    "Perplexity / teacher per held-out domain, their geometric mean, chat agreement, wall time and tokens/s."
+    fp = next((r for r in rows if r['arm'] == 'fp'), None)
+    doms = [d for d in (fp or rows[0]).get('domains', {})]
+    if not doms: return '(no generality domains in these results)'
+    head = '| arm | ' + ' | '.join(doms) + ' | geo. mean | chat KL | chat top-1 | train wall s | student tok/s |'
+    lines = [head, '|' + '---|' * (len(doms) + 6)]
+    for r in rows:
+        d = r.get('domains', {})
+        if fp and r is not fp:
+            rat = [d[k] / fp['domains'][k] if k in d else None for k in doms]
+            cells = [f'{x:.2f}x' if x is not None else '' for x in rat]
+            ok = [x for x in rat if x is not None]
+            geo = f'{math.exp(sum(map(math.log, ok)) / len(ok)):.2f}x' if ok else ''
+        else: cells, geo = [_fmt(d.get(k)) for k in doms], ''
+        tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
+        chat = (f"{r['chat_kl']:.3f}", f"{r['chat_top1']:.3f}") if 'chat_kl' in r else ('', '')
+        lines.append(f"| {r['arm']} | " + ' | '.join(cells) + f" | {geo} | {chat[0]} | {chat[1]} | {r['train_s']:.0f} | {tps} |")
+    return '\n'.join(lines) + ('\n\n(fp row: the teacher\'s perplexity; other rows: perplexity / teacher\'s)' if fp else '')
+
+def legacy_table(rows: list[dict]) -> str:
+    srcs = [k for k in LEGACY if any(k in r for r in rows)]
     base = next((r for r in rows if r['arm'] == 'naive_qat'), None)
     head = '| arm | ' + ' | '.join(f'ppl {s}' for s in srcs) + ' | vs naive QAT | train wall s | student tok/s |'
     lines = [head, '|' + '---|' * (len(srcs) + 4)]
     for r in rows:
         ratio = ' / '.join(f"{r[s] / base[s]:.2f}" for s in srcs) if base else ''
         tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
-        lines.append(f"| {r['arm']} | " + ' | '.join(f"{r[s]:.1f}" for s in srcs) + f" | {ratio} | {r['train_s']:.0f} | {tps} |")
+        lines.append(f"| {r['arm']} | " + ' | '.join(_fmt(r.get(s)) for s in srcs) + f" | {ratio} | {r['train_s']:.0f} | {tps} |")
     return '\n'.join(lines)
+
+def print_tables(out: Path, arms=None, tokens=None, t0=None):
+    files = [out/f'{arm}.json' for arm in arms] if arms else sorted(out.glob('*.json'))
+    rows = [json.loads(f.read_text()) for f in files if f.exists() and f.name != 'chat_answers.json']
+    rows.sort(key=lambda r: (r['arm'] != 'fp', r['arm']))
+    if not rows: print(f"no finished arms in {out}"); return
+    ev = {r.get('eval_tokens') for r in rows}
+    print(f"# bench_quality: {tokens or rows[-1].get('tokens') or 0:,} student tokens (batch {B} x {S}), eval tokens per domain {ev}"
+          + (f", {time.time() - t0:.0f}s this invocation" if t0 else ''))
+    print('\n## Generality (held-out domains: perplexity / FP teacher; chat agreement with the teacher)\n')
+    print(generality_table(rows))
+    print('\n## Legacy sources (issue 12)\n')
+    print(legacy_table(rows))
+    for r in rows: print(f"- {r['arm']}: `{r['command']}` ({r.get('threads')} thread(s), eval {r.get('eval_s', 0):.0f}s)")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--tokens', type=int, default=153_600); ap.add_argument('--arms', default=','.join(ARMS))
     ap.add_argument('--parallel', type=int, default=2); ap.add_argument('--out', default='bench_quality_out')
+    ap.add_argument('--threads', type=int, help='threads per arm (default: CPUs / --parallel)')
     ap.add_argument('--eval-tokens', type=int, default=16_000); ap.add_argument('--wf-args', default='')
     ap.add_argument('--one', metavar='ARM', help=argparse.SUPPRESS)
     ap.add_argument('--grad-scale', action='store_true', help='print the gradient norm of each loss term and exit')
+    ap.add_argument('--table', action='store_true', help='print the tables of the finished arms in --out and exit')
     a = ap.parse_args()
     if a.grad_scale: return grad_scale()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    if a.table: return print_tables(out)
     if a.one:
         res = run_arm(a.one, a)
         tmp = out/f'.{a.one}.json.tmp'; tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out/f'{a.one}.json')
         return
     arms = a.arms.split(',')
-    threads = max(1, (os.cpu_count() or 2) // a.parallel)
+    for arm in arms: parse_arm(arm)
+    threads = a.threads or max(1, (os.cpu_count() or 2) // a.parallel)
     env = {**os.environ, 'WANDB_MODE': 'disabled', 'OMP_NUM_THREADS': str(threads), 'TOKENIZERS_PARALLELISM': 'false'}
     todo = [arm for arm in arms if not (out/f'{arm}.json').exists()]
     procs, t0 = {}, time.time()
     while todo or procs:
         while todo and len(procs) < a.parallel:
             arm = todo.pop(0)
-            log = open(out/f'{arm}.log', 'w')
+            log = open(out/f'{arm}.log', 'a')
             procs[arm] = subprocess.Popen([sys.executable, __file__, '--one', arm, '--out', str(out), '--tokens', str(a.tokens),
                                            '--eval-tokens', str(a.eval_tokens), '--wf-args', a.wf_args], stdout=log, stderr=log, env=env)
         for arm, p in list(procs.items()):
@@ -173,10 +266,7 @@ def main():
                 del procs[arm]
                 if p.returncode: print(f"{arm} failed (see {out/arm}.log)", file=sys.stderr)
         time.sleep(2)
-    rows = [json.loads((out/f'{arm}.json').read_text()) for arm in arms if (out/f'{arm}.json').exists()]
-    print(f"# bench_quality: {a.tokens:,} student tokens (batch {B} x {S}), {time.time() - t0:.0f}s this invocation")
-    print(table(rows))
-    for r in rows: print(f"- {r['arm']}: `{r['command']}`")
+    print_tables(out, arms, a.tokens, t0)
 
 if __name__ == '__main__':
     main()
