@@ -93,7 +93,7 @@ def lora_config(pc) -> LoraConfig:
     return lc
 
 def base_digest(model: nn.Module) -> str:
-    "SHA256 over the frozen base's tensors (names, dtypes, shapes, bytes), adapters excluded: which base an adapter belongs to."
+    "SHA256 over the base model's tensors (names, dtypes, shapes, bytes; adapters excluded): which base an adapter belongs to."
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
         if 'lora_' in k: continue
@@ -114,10 +114,10 @@ def freeze_base(model: nn.Module) -> nn.Module:
 
 def add_lora(model: nn.Module, pc, seed: int | None = None) -> nn.Module:
     "Freeze `model` to its integer form and inject LoRA adapters as `pc` (`cfg.peft`) says; returns `model` (changed in place)."
+    digest = base_digest(model)   # of the weights as loaded: independent of the quantizer's code path (compiled or eager)
     freeze_base(model)
     for m in model.modules():
         if isinstance(m, FrozenBitLinear): m.adapter_reads = pc.input
-    digest = base_digest(model)
     with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
         warnings.filterwarnings('ignore', message='Unsupported layer type')   # PEFT's note on custom layers: registered above
         if seed is not None: torch.manual_seed(seed)
