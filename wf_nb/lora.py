@@ -13,9 +13,9 @@ from .quant import BitLinear, RMSNorm, bitlinears, shared_act_codes, act_quant, 
 from .io import atomic_dir
 
 # %% auto #0
-__all__ = ['TARGET_MODULES', 'ADAPTER_JSON', 'FrozenBitLinear', 'LoraBitLinear', 'lora_config', 'base_digest', 'freeze_base',
-           'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter', 'hf_peft_model',
-           'merge_requantize']
+__all__ = ['TARGET_MODULES', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear', 'LoraBitLinear', 'lora_config', 'base_digest',
+           'freeze_base', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter',
+           'hf_peft_model', 'merge_requantize', 'export_lora_gguf']
 
 # %% ../nbs/06f_lora.ipynb #a1deef94
 class FrozenBitLinear(nn.Module):
@@ -177,12 +177,12 @@ def load_adapter(base, adapter_dir, check_digest: bool = True) -> nn.Module:
     return model.eval()
 
 # %% ../nbs/06f_lora.ipynb #6f163b78
-def hf_peft_model(export_dir, adapter_dir):
+def hf_peft_model(export_dir, adapter_dir, dtype=torch.float32):
     "Stock transformers + PEFT: the hf-bitnet export `export_dir` with the adapter `adapter_dir` (PEFT's `lora.Linear` on transformers' BitLinear)."
     from transformers import AutoModelForCausalLM
     from transformers.integrations.bitnet import BitLinear as HFBitLinear
     from peft import PeftModel
-    model = AutoModelForCausalLM.from_pretrained(str(export_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(export_dir), dtype=dtype)
     lc = LoraConfig.from_pretrained(str(adapter_dir))
     lc._register_custom_module({HFBitLinear: PeftLoraLinear})   # PEFT's documented hook for a layer type it does not know
     with warnings.catch_warnings():
@@ -211,3 +211,30 @@ def merge_requantize(model: nn.Module) -> nn.Module:
     for attr in ('wf_peft', 'wf_base_digest', 'wf_checkpoint_keys'):
         if hasattr(model, attr): delattr(model, attr)
     return model
+
+# %% ../nbs/06f_lora.ipynb #20cb368d
+GGUF_LORA_NAMES = {'q_proj': 'attn_q', 'k_proj': 'attn_k', 'v_proj': 'attn_v', 'o_proj': 'attn_output',
+                   'gate_proj': 'ffn_gate', 'up_proj': 'ffn_up', 'down_proj': 'ffn_down'}
+
+def export_lora_gguf(adapter_dir, path, arch: str = 'bitnet', overwrite: bool = False) -> dict:
+    "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32); returns `{gguf name: shape}`."
+    import re, gguf, numpy as np
+    from safetensors.torch import load_file
+    from wf_nb.io import atomic_file
+    adapter_dir, path = Path(adapter_dir), Path(path)
+    if path.exists() and not overwrite: raise FileExistsError(f"{path} already exists: choose another path or pass overwrite=True")
+    lc = json.loads((adapter_dir/'adapter_config.json').read_text())
+    sd = load_file(str(adapter_dir/'adapter_model.safetensors'))
+    tensors = {}
+    for k, v in sorted(sd.items()):
+        m = re.search(r'\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$', k)
+        if m is None or m.group(2) not in GGUF_LORA_NAMES: raise ValueError(f"{adapter_dir}: tensor {k} has no llama.cpp name")
+        tensors[f"blk.{m.group(1)}.{GGUF_LORA_NAMES[m.group(2)]}.weight.lora_{m.group(3).lower()}"] = v.float().numpy()
+    def write(tmp):
+        w = gguf.GGUFWriter(str(tmp), arch)
+        w.add_type(gguf.GGUFType.ADAPTER); w.add_string(gguf.Keys.Adapter.TYPE, 'lora')
+        w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(lc['lora_alpha']))
+        for n, a in tensors.items(): w.add_tensor(n, np.ascontiguousarray(a))
+        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    atomic_file(path, write)
+    return {n: a.shape for n, a in tensors.items()}

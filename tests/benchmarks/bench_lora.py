@@ -138,7 +138,7 @@ def hf_check(start, adapter, tok, log) -> float:
     from wf_nb.lora import load_adapter, hf_peft_model
     ids = torch.tensor([tok("To be, or not to be, that is the question: whether 'tis nobler in the mind")['input_ids']])
     with tempfile.TemporaryDirectory() as d, torch.no_grad():
-        export_model(Path(start), 'hf-bitnet', Path(d)/'hf')
+        export_model(Path(start), 'hf-bitnet', Path(d)/'hf', dtype=torch.float32)
         a = load_adapter(start, adapter)(input_ids=ids).logits
         b = hf_peft_model(Path(d)/'hf', adapter)(input_ids=ids).logits
     diff = (a - b).abs().max().item()
