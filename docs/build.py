@@ -28,6 +28,8 @@ DOCS = ROOT / 'docs'
 CACHE = DOCS / '_cache'
 EXEC_VERSION = '4'                      # bump when `_exec_child` changes what it saves (4: a Jupyter kernel)
 SKIP_FLAGS = ('slow', 'cuda')           # as nbdev_test (settings.ini tst_flags): these cells are not executed
+REPO_URL = [os.environ.get('WF_DOCS_REPO_URL', ''), 'main']   # (repository URL, branch) for source links; '' ships the sources
+LINKED: set[str] = set()                # repository files the pages link to (shipped under src/)
 
 def page_name(nb_path: Path) -> str:
     "The page a notebook becomes: nbdev's naming (`01_quant.ipynb` -> `quant.html`), which its doc links use."
@@ -93,18 +95,22 @@ def run_in_kernel(src: Path, dst: Path | None = None, cwd: Path | None = None, f
 
 def _exec_child(src: str, dst: str):
     "`run_in_kernel` in its own process (so a notebook's kernel and environment are fresh); exit 1 when a cell failed."
+    for k, v in KERNEL_ENV.items(): os.environ.setdefault(k, v)
+    os.environ.pop('MPLBACKEND', None)             # the kernel's own inline backend, as in JupyterLab
     info = run_in_kernel(Path(src), Path(dst))
     print(json.dumps({k: v for k, v in info.items() if k != 'error'}))
     if info['error']: print(info['error'], file=sys.stderr); sys.exit(1)
 
 # Progress bars are redrawn live in JupyterLab; in a saved notebook and on a docs page they are debris. tqdm's
 # "IProgress not found" warning (a kernel without ipywidgets, raised when torch imports tqdm.auto) is known noise.
-KERNEL_ENV = {'TQDM_DISABLE': '1', 'HF_HUB_DISABLE_PROGRESS_BARS': '1', 'PYTHONWARNINGS': 'ignore:IProgress not found'}
+KERNEL_ENV = {'TQDM_DISABLE': '1', 'HF_HUB_DISABLE_PROGRESS_BARS': '1', 'HF_DATASETS_DISABLE_PROGRESS_BARS': '1',
+              'PYTHONWARNINGS': 'ignore:IProgress not found'}
+# the final line of a progress bar that ignores those (lm-eval passes tqdm's `disable` itself): dropped from the pages
+PROGRESS_LINE = re.compile(r'^.*\[(\d+:)?\d\d:\d\d(<(\d+:)?\d\d:\d\d|<\?)?, [^\]]*/s\]\s*$', re.M)
 
 def execute_one(nb: Path, dst: Path, timeout: int = 1800, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict]:
     "Run notebook `nb` in a fresh process and kernel (`_exec_child`), its executed copy written to `dst`: `(process, info)`."
-    env = {**os.environ, **KERNEL_ENV, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''), **(env or {})}
-    env.pop('MPLBACKEND', None)                     # the kernel's own inline backend, as in JupyterLab
+    env = {**os.environ, 'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''), **(env or {})}
     r = subprocess.run([sys.executable, __file__, '--exec-one', str(nb), str(dst)], capture_output=True, text=True,
                        timeout=timeout, env=env)
     try: info = json.loads(r.stdout.strip().splitlines()[-1])
@@ -158,6 +164,46 @@ def _plain_doc(call: str, ns: dict) -> str:
     doc = inspect.getdoc(obj) or ''
     return f"### {name.split('.')[-1]}\n\n```python\n{name.split('.')[-1]}{sig}\n```\n\n{doc}\n"
 
+def _shown_obj(call: str, ns: dict):
+    "The object a `show_doc(X, ...)` call documents (None when it cannot be evaluated)."
+    try: return eval(call[call.index('(') + 1:].split(',')[0].split(')')[0].strip(), ns)
+    except Exception: return None
+
+def source_href(rel: str, line: int | None = None) -> str:
+    """Where a source link points: the file in the configured repository (`--repo-url` / `WF_DOCS_REPO_URL`, at the
+    settings.ini branch), else the copy shipped with the site (`src/`: notebooks as they are, modules as highlighted
+    pages with line anchors). settings.ini's `git_url` is a placeholder, so it is never linked."""
+    if REPO_URL[0]:
+        return f"{REPO_URL[0].rstrip('/')}/blob/{REPO_URL[1]}/{rel}" + (f'#L{line}' if line else '')
+    LINKED.add(rel)
+    if re.fullmatch(r'wf_nb/\w+\.py', rel): return f'src/{rel}.html' + (f'#L-{line}' if line else '')
+    return f'src/{rel}'
+
+def _source_link(obj) -> str:
+    import inspect
+    try:
+        f = Path(inspect.getsourcefile(inspect.unwrap(obj))).resolve(); line = inspect.getsourcelines(inspect.unwrap(obj))[1]
+        rel = str(f.relative_to(ROOT))
+    except Exception: return ''
+    return f'<a class="srclink" href="{source_href(rel, line)}">source</a>'
+
+def param_table(obj) -> str:
+    "An HTML table of `obj`'s parameters (type and default), for what nbdev's show_doc documents without one (no docments)."
+    import inspect
+    try: sig = inspect.signature(obj)
+    except (TypeError, ValueError): return ''
+    star = {inspect.Parameter.VAR_POSITIONAL: '*', inspect.Parameter.VAR_KEYWORD: '**'}
+    rows = []
+    for n, prm in sig.parameters.items():
+        if n in ('self', 'cls'): continue
+        ann = '' if prm.annotation is prm.empty else prm.annotation if isinstance(prm.annotation, str) else getattr(prm.annotation, '__name__', str(prm.annotation))
+        dflt = '' if prm.default is prm.empty else repr(prm.default)
+        rows.append(f'<tr><td><code>{star.get(prm.kind, "")}{html.escape(n)}</code></td><td>{html.escape(str(ann))}</td>'
+                    f'<td>{"<code>" + html.escape(dflt) + "</code>" if dflt else ""}</td></tr>')
+    if not rows: return ''
+    return ('<table class="params"><thead><tr><th>Parameter</th><th>Type</th><th>Default</th></tr></thead><tbody>'
+            + ''.join(rows) + '</tbody></table>')
+
 def _procs():
     from nbdev.processors import FilterDefaults, exec_show_docs, Processor, _default_exp, _show_docs
     from nbdev.showdoc import show_doc
@@ -176,6 +222,9 @@ def _procs():
                 md = _plain_doc(body.strip(), self.ns)
                 print(f"  {Path(str(getattr(self.nb, 'path_', ''))).name}: {body.strip()}: plain signature "
                       f"({type(e).__name__}: {str(e).splitlines()[0][:80]})", file=sys.stderr)
+            obj = _shown_obj(body.strip(), self.ns)
+            md = re.sub(r'\[source\]\([^)]*\)(\{[^}]*\})?', lambda m: _source_link(obj), md, count=1)
+            if obj is not None and '**Details**' not in md and '**Type**' not in md: md += '\n\n' + param_table(obj)
             cell.outputs = [{'output_type': 'display_data', 'metadata': {}, 'data': {'text/markdown': md}}]
 
     class Procs(FilterDefaults):
@@ -209,6 +258,15 @@ def process(nb_path: Path, executed: Path | None = None, quarto: bool = False):
     cells = []
     for c in nb.cells:
         if c.get('source') is None or c.cell_type == 'raw': continue
+        if 'injected-parameters' in c.get('metadata', {}).get('tags', []): continue   # papermill's (a test's tmp paths)
+        if c.cell_type == 'code':
+            outs = []
+            for o in c.get('outputs', []):       # progress-bar debris (a final tqdm line) is not part of the page
+                if o.get('output_type') == 'stream':
+                    o['text'] = PROGRESS_LINE.sub('', ''.join(o['text'])).replace('\n\n', '\n').lstrip('\n')
+                    if not o['text'].strip(): continue
+                outs.append(o)
+            c.outputs = outs
         if c.cell_type == 'code':                # nbconvert: directives become tags its TagRemovePreprocessor knows
             dirs = dict(re.findall(r'^#\|\s*([\w-]+):\s*(.*)$', c.source, re.M))
             c.source = '\n'.join(l for l in c.source.splitlines() if not l.startswith('#|')).strip()
@@ -253,6 +311,10 @@ def render_md(text: str) -> str:
 def _links(body: str, doc_host: str) -> str:
     "nbdev's doc links point at `doc_host` and at lower-case anchors (Quarto's); on this site they are relative."
     body = body.replace(f'href="{doc_host.rstrip("/")}/', 'href="')
+    from nbdev.config import get_config
+    git = get_config(path=ROOT).get('git_url', '').rstrip('/')       # a placeholder: links into it go to the shipped source
+    if git: body = re.sub(rf'href="{re.escape(git)}/(?:blob|tree)/[^/"]+/([^"#]+)(?:#L(\d+))?"',
+                          lambda m: f'href="{source_href(m[1], int(m[2]) if m[2] else None)}"', body)
     body = re.sub(r'\{target="_blank"[^}]*\}', '', body).replace('#LNone"', '"')     # Quarto link attributes nbconvert shows as text
     ids = set(re.findall(r'\bid="([^"]+)"', body))
     def lower_anchor(m):
@@ -353,6 +415,11 @@ def layout(page: dict, pages: list[dict], site_title: str) -> str:
         + '</ul></div>' for g, ps in groups.items())
     toc = ''.join(f'<li><a href="#{i}">{html.escape(t)}</a></li>' for i, t in _headings(page['body']))
     toc = f'<nav class="toc"><div class="nav-title">On this page</div><ul>{toc}</ul></nav>' if toc else ''
+    i = next(k for k, p in enumerate(pages) if p is page)        # previous / next in the sidebar's reading order
+    prev_, next_ = (pages[i - 1] if i > 0 else None), (pages[i + 1] if i + 1 < len(pages) else None)
+    pager = '<nav class="pager" aria-label="previous and next page">' + (
+        f'<a class="prev" rel="prev" href="{prev_["name"]}"><span>Previous</span>{_code(prev_["title"])}</a>' if prev_ else '<span></span>') + (
+        f'<a class="next" rel="next" href="{next_["name"]}"><span>Next</span>{_code(next_["title"])}</a>' if next_ else '') + '</nav>'
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(page['title'].replace('`', ''))} - {html.escape(site_title)}</title>
@@ -365,10 +432,37 @@ def layout(page: dict, pages: list[dict], site_title: str) -> str:
 <div id="results" class="results" hidden></div></div></header>
 <div class="wrap"><aside class="sidebar">{nav}</aside>
 <main class="content">{page['body']}
+{pager}
 <footer class="foot">Built from the notebooks with nbdev's processors and nbconvert by <code>python docs/build.py</code>.</footer></main>
 {toc}</div>
 <script src="assets/search_index.js"></script><script src="assets/site.js"></script>
 </body></html>"""
+
+def unique_titles(pages: list[dict]):
+    "Make page titles unique (the sidebar, the tab and the search show them): a repeated title gets its summary (the report's path)."
+    seen = {}
+    for p in pages: seen.setdefault(p['title'], []).append(p)
+    for t, ps in seen.items():
+        if len(ps) > 1:
+            for p in ps: p['title'] = f"{t} ({p.get('summary') or p['name']})".replace('/report.ipynb', '').replace('.ipynb', '')
+
+def ship_sources(dst: Path):
+    "The files source links point to: the notebooks as they are, the library modules as highlighted pages with line anchors (`#L-12`)."
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+    (dst / 'nbs').mkdir(parents=True); (dst / 'wf_nb').mkdir()
+    for nb in (ROOT / 'nbs').glob('*.ipynb'): shutil.copy(nb, dst / 'nbs' / nb.name)
+    for rel in LINKED - {f'nbs/{p.name}' for p in (ROOT / 'nbs').glob('*.ipynb')}:   # other files a page links to (raw)
+        if not re.fullmatch(r'wf_nb/\w+\.py', rel) and (ROOT / rel).is_file() and '..' not in rel:
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True); shutil.copy(ROOT / rel, dst / rel)
+    fmt = HtmlFormatter(style='friendly', linenos='table', lineanchors='L', anchorlinenos=True, full=False)
+    css = fmt.get_style_defs('.highlight') + '\nbody{font-family:ui-monospace,monospace;font-size:13px;margin:1rem} .linenos a{color:#999}'
+    for py in sorted((ROOT / 'wf_nb').glob('*.py')):
+        code = highlight(py.read_text(), PythonLexer(), fmt)
+        (dst / 'wf_nb' / f'{py.name}.html').write_text(f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>wf_nb/{py.name}</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{css}</style></head><body>'
+            f'<p><b>wf_nb/{py.name}</b> (generated from the notebooks by <code>nbdev_export</code>)</p>{code}</body></html>')
 
 # ---------------------------------------------------------------- build
 def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> list[Path]:
@@ -376,6 +470,7 @@ def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> li
     sys.path.insert(0, str(ROOT))
     from nbdev.config import get_config
     cfg = get_config(path=ROOT)
+    REPO_URL[1] = cfg.get('branch', 'main')
     nbs = sorted((ROOT / 'nbs').glob('*.ipynb'), key=lambda p: (p.stem != 'index', p.stem))
     executed = _executed(nbs, execute_which, jobs, log)
     pages = []
@@ -386,19 +481,22 @@ def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> li
         lead = _code(fm.get('description', ''))
         head = f'<h1>{_code(title)}</h1>' + (f'<p class="lead">{lead}</p>' if lead else '')
         if p.stem != 'index':
-            head += f'<p class="src">Source: <code>nbs/{p.name}</code>' + ('' if p in executed else ' (shown without running; build with <code>--execute</code> for outputs)') + '</p>'
+            head += (f'<p class="src">Source: <a href="{source_href("nbs/" + p.name)}"><code>nbs/{p.name}</code></a>'
+                     + ('' if p in executed else ' (shown without running; build with <code>--execute</code> for outputs)') + '</p>')
         body = _links(head + body, cfg.doc_host)
         pages.append(dict(name=page_name(p), title=('Home' if p.stem == 'index' else title), summary=fm.get('description', ''),
                           body=body, group='Start' if p.stem == 'index' else 'Library'))
     pages.insert(1, dict(name='pipeline.html', title='The pipeline', summary='Stage 1 -> 1.9 -> 2 -> 3, with the measured tables',
                          body=_links(render_md(pipeline_md()), cfg.doc_host), group='Start'))
     pages += report_pages(log)
+    unique_titles(pages)
     cards = ''.join(f'<a class="card" href="{p["name"]}"><b>{_code(p["title"])}</b><span>{_code(p.get("summary", ""))}</span></a>'
                     for p in pages[1:])
     pages[0]['body'] += f'<h2 id="all-pages">All pages</h2><div class="cards">{cards}</div>'
     tmp = out.with_name(out.name + '.tmp')
     shutil.rmtree(tmp, ignore_errors=True); (tmp / 'assets').mkdir(parents=True)
     for p in pages: (tmp / p['name']).write_text(layout(p, pages, cfg.title))
+    if not REPO_URL[0]: ship_sources(tmp / 'src')
     index = [dict(u=p['name'], t=p['title'], s=p.get('summary', ''), h=[[i, t] for i, t in _headings(p['body'], 2) + _headings(p['body'], 3)],
                   x=_text(p['body'])[:40000]) for p in pages]
     (tmp / 'assets' / 'search_index.js').write_text('window.SEARCH_INDEX = ' + json.dumps(index) + ';\n')

@@ -111,16 +111,17 @@ def test_tutorial_notebook(tmp_path):
     """nbs/13_tutorial.ipynb headless under papermill with its small default budget (SmolLM2, a few steps): every stage
     completes, and its docs page (rendered as docs/build.py renders pages) shows the live curves and the plot."""
     import importlib.util, nbformat
+    spec = importlib.util.spec_from_file_location('docs_build', ROOT/'docs'/'build.py'); build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
     out = tmp_path/'tutorial.ipynb'
-    env = {**os.environ, 'WANDB_MODE': 'disabled', 'PYTHONPATH': str(ROOT)}
-    env.pop('DISPLAY', None)
+    env = {**os.environ, **build.KERNEL_ENV, 'WANDB_MODE': 'disabled', 'PYTHONPATH': str(ROOT)}   # as tests/test_notebooks.py runs notebooks
+    env.pop('DISPLAY', None); env.pop('MPLBACKEND', None)
     r = subprocess.run([bin_path('papermill'), str(ROOT/'nbs'/'13_tutorial.ipynb'), str(out), '-p', 'runs_dir', str(tmp_path/'runs')],
                        capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-4000:]
     runs = [json.loads((p/'metadata.json').read_text()) for p in (tmp_path/'runs').iterdir() if (p/'metadata.json').exists()]
     assert sorted((m['stage'], m['status']) for m in runs) == [('1', 'COMPLETED'), ('1.9', 'COMPLETED'), ('2', 'COMPLETED')]
-    spec = importlib.util.spec_from_file_location('docs_build', ROOT/'docs'/'build.py'); build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build.store(ROOT/'nbs'/'13_tutorial.ipynb', out)     # its docs page shows this run (tests/test_notebooks.py does not run it again)
     nb, _ = build.process(ROOT/'nbs'/'13_tutorial.ipynb', executed=out)   # the page of the executed tutorial
     body = build.render_nb(nb)
     assert body.count('<img') >= 3, 'the tutorial page shows no curves'   # Stage 1.9 and 2 live curves, wf_nb.plot

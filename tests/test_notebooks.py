@@ -30,7 +30,7 @@ ELSEWHERE = {
 ALL = sorted(str(p.relative_to(ROOT)) for d in ('nbs', 'papermill_runs') for p in (ROOT / d).glob('*.ipynb'))
 NOTEBOOKS = [p for p in ALL if p not in ELSEWHERE]
 # Debris that must not reach a notebook's outputs (and so the docs): warnings that are wf_nb's to fix or to filter.
-DEBRIS = [r'recompile_limit', r'DeprecationWarning', r'\r(?!\n)', r'\d+it \[|it/s\]']
+DEBRIS = [r'recompile_limit', r'DeprecationWarning', r'IProgress not found', r'\r(?!\n)']
 
 _ROWS = []
 

@@ -46,3 +46,24 @@
     document.addEventListener('click', e => { if (!e.target.closest('.search')) out.hidden = true; });
   }
 })();
+
+// A copy button on every code block (input cells, show_doc signatures, markdown code); works from file:// too.
+(function () {
+  function copy(text, btn) {
+    const done = () => { btn.textContent = 'Copied'; btn.classList.add('done'); setTimeout(() => { btn.textContent = 'Copy'; btn.classList.remove('done'); }, 1500); };
+    if (navigator.clipboard && window.isSecureContext) { navigator.clipboard.writeText(text).then(done, () => fallback(text, done)); }
+    else fallback(text, done);
+  }
+  function fallback(text, done) {
+    const t = document.createElement('textarea'); t.value = text; t.style.position = 'fixed'; t.style.opacity = '0';
+    document.body.appendChild(t); t.select(); try { document.execCommand('copy'); done(); } catch (e) {} t.remove();
+  }
+  document.querySelectorAll('.content .highlight').forEach(block => {
+    const pre = block.querySelector('pre');
+    if (!pre || (block.closest('.output_wrapper') && !block.closest('.output_markdown'))) return;   // not on outputs
+    block.classList.add('has-copy');
+    const btn = document.createElement('button'); btn.className = 'copy'; btn.type = 'button'; btn.textContent = 'Copy';
+    btn.setAttribute('aria-label', 'copy code'); btn.addEventListener('click', () => copy(pre.innerText, btn));
+    block.appendChild(btn);
+  });
+})();
