@@ -438,6 +438,14 @@ def layout(page: dict, pages: list[dict], site_title: str) -> str:
 <script src="assets/search_index.js"></script><script src="assets/site.js"></script>
 </body></html>"""
 
+def fix_anchors(pages: list[dict]):
+    "A link to `page.html#x` where the page has no `x` (nbdev links backticked private names too) goes to the page itself."
+    ids = {p['name']: set(re.findall(r'\bid="([^"]+)"', p['body'])) for p in pages}
+    def fix(m):
+        page, frag = m[1], m[2]
+        return m[0] if page not in ids or frag in ids[page] else f'href="{page}"'
+    for p in pages: p['body'] = re.sub(r'href="([\w.-]+\.html)#([^"]+)"', fix, p['body'])
+
 def unique_titles(pages: list[dict]):
     "Make page titles unique (the sidebar, the tab and the search show them): a repeated title gets its summary (the report's path)."
     seen = {}
@@ -490,6 +498,7 @@ def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> li
                          body=_links(render_md(pipeline_md()), cfg.doc_host), group='Start'))
     pages += report_pages(log)
     unique_titles(pages)
+    fix_anchors(pages)
     cards = ''.join(f'<a class="card" href="{p["name"]}"><b>{_code(p["title"])}</b><span>{_code(p.get("summary", ""))}</span></a>'
                     for p in pages[1:])
     pages[0]['body'] += f'<h2 id="all-pages">All pages</h2><div class="cards">{cards}</div>'
