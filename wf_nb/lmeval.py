@@ -4,7 +4,7 @@
 
 # %% ../nbs/08a_lmeval.ipynb #943218d8
 from __future__ import annotations
-import json, random, re, tempfile, time
+import contextlib, json, logging, random, re, tempfile, time
 from pathlib import Path
 import yaml
 from .tasks import GENRE_TASK, genre_splits, play_lines, read_jsonl, shakespeare_genre, TaskFormatError
@@ -13,8 +13,9 @@ from .io import format_table
 from .evaluate import _mc_rows, evaluate, load_for_eval, metric_rows, multiple_choice
 
 # %% auto #0
-__all__ = ['MC_METRICS', 'BUILTIN_TASKS', 'mc_task_yaml', 'genre_rows', 'cloze_rows', 'task_files', 'resolve_tasks',
-           'LMEvalMissing', 'run_lm_eval', 'lm_eval_summary', 'mc_agreement', 'lm_eval_rows', 'lm_evaluate']
+__all__ = ['MC_METRICS', 'BUILTIN_TASKS', 'LM_EVAL_REQ', 'mc_task_yaml', 'genre_rows', 'cloze_rows', 'task_files',
+           'resolve_tasks', 'LMEvalMissing', 'run_lm_eval', 'lm_eval_summary', 'mc_agreement', 'lm_eval_rows',
+           'lm_evaluate']
 
 # %% ../nbs/08a_lmeval.ipynb #83851e0d
 MC_METRICS = ('acc', 'acc_norm', 'acc_bytes')
@@ -94,6 +95,18 @@ def resolve_tasks(spec, work_dir, n: int | None = None) -> tuple[list[str], list
 class LMEvalMissing(ImportError):
     "lm-evaluation-harness is not installed (it is an optional extra)."
 
+LM_EVAL_REQ = 'lm-eval>=0.4.10,<0.5'   # settings.ini's lmeval extra: tested with 0.4.10 and 0.4.13 (0.4.9 needs transformers < 5)
+
+@contextlib.contextmanager
+def _quiet_harness(level=logging.ERROR):
+    "The harness's INFO/WARNING logging off while it runs (what its deprecated `TaskManager(verbosity=)` did), restored after."
+    logs = [logging.getLogger(n) for n in ('lm_eval', 'lm-eval')]
+    old = [l.level for l in logs]
+    for l in logs: l.setLevel(level)
+    try: yield
+    finally:
+        for l, lv in zip(logs, old): l.setLevel(lv)
+
 def run_lm_eval(model, tokenizer, tasks, limit: int | None = None, batch_size: int = 8, num_fewshot: int | None = None,
                 n_items: int | None = None, log_samples: bool = False, seed: int = 0) -> dict:
     "lm-evaluation-harness's `simple_evaluate` result for `tasks` on a loaded HF model."
@@ -102,10 +115,10 @@ def run_lm_eval(model, tokenizer, tasks, limit: int | None = None, batch_size: i
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError:
-        raise LMEvalMissing("--lm-eval needs lm-evaluation-harness: pip install 'lm-eval==0.4.13' (or wf_nb's extra: pip install -e '.[lmeval]')") from None
-    with tempfile.TemporaryDirectory(prefix='wf_lmeval_') as work:
+        raise LMEvalMissing(f"--lm-eval needs lm-evaluation-harness: pip install '{LM_EVAL_REQ}' (or wf_nb's extra: pip install -e '.[lmeval]')") from None
+    with tempfile.TemporaryDirectory(prefix='wf_lmeval_') as work, _quiet_harness():
         names, include, registry = resolve_tasks(tasks, work, n_items)
-        tm = TaskManager(include_path=include, include_defaults=registry, verbosity='ERROR')
+        tm = TaskManager(include_path=include, include_defaults=registry)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
         return simple_evaluate(model=lm, tasks=names, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
                                log_samples=log_samples, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
