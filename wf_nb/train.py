@@ -21,8 +21,9 @@ __all__ = ['OPTIMIZERS', 'PEAK_BF16_FLOPS', 'param_groups', 'build_optimizer', '
            'shard_model', 'tied_aliases', 'full_state_dicts', 'compile_blocks', 'CheckpointError', 'save_checkpoint',
            'verify_checkpoint', 'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'StepContext',
            'hidden_states_as_logits', 'lm_step', 'count_tokens', 'CheckpointManager', 'Callback', 'StopSignals',
-           'LossEMA', 'Budget', 'ProgressBar', 'MetricsLog', 'TrainingDiverged', 'SpikeRollback', 'ProgressiveContext',
-           'Validation', 'make_accelerator', 'peak_memory_mb', 'Trainer', 'fused_adam', 'ListStream']
+           'LossEMA', 'Budget', 'progress_bar', 'ProgressBar', 'MetricsLog', 'TrainingDiverged', 'SpikeRollback',
+           'ProgressiveContext', 'Validation', 'make_accelerator', 'peak_memory_mb', 'Trainer', 'fused_adam',
+           'ListStream']
 
 # %% ../nbs/06_train.ipynb #2cd05c41
 def param_groups(model: nn.Module, weight_decay: float):
@@ -150,9 +151,9 @@ def full_state_dicts(model: nn.Module, optimizer=None) -> tuple[dict, dict | Non
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     msd = get_model_state_dict(model, options=opts)
     for alias in tied_aliases(model): msd.pop(alias, None)
-    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
     keep = getattr(model, 'wf_checkpoint_keys', None)   # an adapter run (wf_nb.lora): only the adapter's tensors
     if keep is not None: msd = {k: v for k, v in msd.items() if k in keep}
+    osd = get_optimizer_state_dict(model, optimizer, options=opts) if optimizer is not None else None
     return msd, osd
 
 # %% ../nbs/06_train.ipynb #c31cd102
@@ -388,13 +389,25 @@ class Budget(Callback):
         tr.over_budget = bool(tr.t.budget and tr.cost >= tr.t.budget)
 
 # %% ../nbs/06_train.ipynb #5d9c14c4
+def progress_bar(show: bool = True, **kw):
+    """A tqdm bar where it can be read: Jupyter's widget in a kernel with ipywidgets, text in a kernel without it (no
+    "IProgress not found" warning) and in a terminal; none when `show` is false, `TQDM_DISABLE` is set, or stderr is a
+    file or pipe outside Jupyter (a log file gets no `\\r` redraws)."""
+    from tqdm.std import tqdm
+    ip = sys.modules.get('IPython')
+    kernel = type(ip.get_ipython() if ip is not None and hasattr(ip, 'get_ipython') else None).__name__ == 'ZMQInteractiveShell'
+    if kernel:
+        import importlib.util
+        if importlib.util.find_spec('ipywidgets'): from tqdm.notebook import tqdm
+    off = not show or os.environ.get('TQDM_DISABLE', '').lower() in ('1', 'true', 'yes')
+    return tqdm(disable=True if off else (False if kernel else None), **kw)   # None: tqdm's "off unless a terminal"
+
 class ProgressBar(Callback):
-    "A tqdm bar of the run's steps on the main process (`logging.progress`)."
+    "A tqdm bar of the run's steps on the main process (`logging.progress`): `progress_bar`."
     order = 30
     def before_fit(self, tr):
-        from tqdm.auto import tqdm
-        self.bar = tqdm(total=tr.max_steps, initial=tr.step, disable=not (tr.cfg.logging.progress and tr.acc.is_main_process),
-                        desc=tr.run_dir.name, dynamic_ncols=True, mininterval=1.0)
+        self.bar = progress_bar(tr.cfg.logging.progress and tr.acc.is_main_process, total=tr.max_steps, initial=tr.step,
+                                desc=tr.run_dir.name, dynamic_ncols=True, mininterval=1.0)
     def after_step(self, tr):
         m = tr.last
         self.bar.update(1); self.bar.set_postfix(**{'ce' if 'ce' in m else 'loss': f"{m.get('ce', m['loss']):.3f}"}, refresh=False)
