@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_data.ipynb #93d1eaaa
 from __future__ import annotations
-import itertools, json, multiprocessing as mp, re, shutil
+import itertools, json, multiprocessing as mp, os, re, shutil, sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -86,8 +86,15 @@ def _is_dataset_dir(p: Path) -> bool:
     return (p/'dataset_info.json').exists() or (p/'state.json').exists() or (p/'dataset_dict.json').exists()
 
 def _list_files(p: Path) -> list[Path]:
-    return sorted(f for f in p.rglob('*') if f.is_file() and not any(s.startswith('.') for s in f.relative_to(p).parts)
-                  and (f.suffix.lower() in TEXT_SUFFIXES | ROW_SUFFIXES))
+    "Text/row files under `p`, hidden ones skipped; symlinked folders are followed (once each), a broken link is reported."
+    out, seen = [], set()
+    for d, dirs, files in os.walk(p, followlinks=True):
+        if os.path.realpath(d) in seen: dirs[:] = []; continue
+        seen.add(os.path.realpath(d)); dirs[:] = sorted(x for x in dirs if not x.startswith('.'))
+        for f in (Path(d)/x for x in files if not x.startswith('.')):
+            if f.is_symlink() and not f.exists(): print(f"warning: {f} is a broken link (to {os.readlink(f)}); skipped", file=sys.stderr)
+            elif f.is_file() and f.suffix.lower() in TEXT_SUFFIXES | ROW_SUFFIXES: out.append(f)
+    return sorted(out)
 
 def text_source(spec: str, text_field: str = 'text', streaming: bool = False, encoding: str = 'utf-8',
                 decode_errors: str = 'strict') -> TextSource:
@@ -130,6 +137,7 @@ def _file_docs(p: Path, field: str, encoding: str = 'utf-8', errors: str = 'stri
             for i, raw in enumerate(f, 1):
                 try: line = raw.decode(encoding, errors)
                 except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw, off) from None
+                if i == 1: line = line.removeprefix('\ufeff')
                 off += len(raw)
                 if not line.strip(): continue
                 try: row = json.loads(line)
@@ -154,6 +162,7 @@ def _file_docs(p: Path, field: str, encoding: str = 'utf-8', errors: str = 'stri
         _check_text_bytes(p, raw[:8192], encoding)
         try: t = raw.decode(encoding, errors)
         except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw) from None
+        t = t.removeprefix('\ufeff').replace('\r\n', '\n')   # a BOM is not text; Windows line ends tokenize as Unix ones
         if t.strip(): yield t
 
 # %% ../nbs/04_data.ipynb #1b7a0c05

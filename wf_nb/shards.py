@@ -172,7 +172,7 @@ class TokenShards:
     def __init__(self, path, max_open: int = 8, tokenizer=None, vocab_size: int | None = None, verify: bool = True):
         self.path = Path(path); self.max_open = max_open; self._open_files = OrderedDict()
         self.verify, self._verified = verify, set()   # verify: each shard's SHA-256 on first open (see `_verify`)
-        if not self.path.exists(): raise DataError(f"token data {self.path} does not exist. Tokenize first: wf data tokenize SOURCE --out {self.path}")
+        if not self.path.exists(): raise DataError(f"token data {self.path} does not exist. Tokenize first: wf data tokenize --source SOURCE --output-path {self.path}")
         mp_ = self.path/MANIFEST
         if mp_.exists():
             try: self.manifest = json.loads(mp_.read_text())
@@ -228,6 +228,9 @@ def _file(self: TokenShards, k: int, key='file'):
     ck = (k, key)
     if ck in self._open_files: self._open_files.move_to_end(ck); return self._open_files[ck]
     s = self.shards[k]; f = self.path/s[key]
+    if f.is_symlink() and not f.exists():
+        raise DataError(f"shard {f} is a link to {os.readlink(f)}, which is gone (wf data split links files, never copies them): "
+                        f"split again from the tokenized shards, or re-tokenize into {self.path.parent}")
     if not f.exists(): raise DataError(f"shard {f} listed in the manifest is missing. {_rebuild_hint(self.path)}")
     try: arr = _load_array(f)
     except Exception as e:
@@ -432,11 +435,23 @@ def _print_report(rep: dict, path: Path, st):
     for e in rep['errors']: print('  error: ' + e)
 
 # %% ../nbs/04b_shards.ipynb #5a1d0023
+def _doc_count_errors(st: TokenShards, path) -> list[str]:
+    "The manifest's document counts (per shard and in all) against the shards' document indexes."
+    errs = []
+    for k, s in enumerate(st.shards):
+        try: nd = len(st._file(k, 'docs'))
+        except DataError as e: errs.append(str(e)); continue
+        if nd != s.get('n_docs'): errs.append(f"manifest says {s['file']} holds {s.get('n_docs')} documents, its index {s['docs']} holds {nd}. {_rebuild_hint(path)}")
+    if st.manifest.get('n_docs') != sum(s.get('n_docs') or 0 for s in st.shards):
+        errs.append(f"manifest n_docs {st.manifest.get('n_docs')} is not the sum of its shards' ({sum(s.get('n_docs') or 0 for s in st.shards)}). {_rebuild_hint(path)}")
+    return errs
+
 def data_validate(data_path, vocab_size: int | None = None, seq_len: int | None = None, checksums: bool = True,
                   tokenizer=None, verbose: bool = True) -> dict:
     """Check token data at `data_path` (manifest shards, pretokenized (N, S) files, or a `data_split` output) and
     report statistics. `tokenizer` (object or name) also checks the shards were made with it and sets `vocab_size`."""
     path = Path(data_path); errors = []
+    if not path.exists(): raise FileNotFoundError(f"--data-path {path} does not exist; give a folder that `wf data tokenize` or `wf data split` wrote")
     if tokenizer is not None:
         tokenizer = as_tokenizer(tokenizer); vocab_size = vocab_size or len(tokenizer)
     if (path/'train').is_dir() and not (path/MANIFEST).exists() and not any(path.glob('*.npy')):
@@ -457,6 +472,7 @@ def data_validate(data_path, vocab_size: int | None = None, seq_len: int | None 
         if st.layout == 'flat' and st.manifest.get('n_tokens') != c['n_tok'] and not errors:
             errors.append(f"manifest counts {st.manifest.get('n_tokens')} tokens, files hold {c['n_tok']}. {_rebuild_hint(path)}")
         if c['n_tok'] == 0: errors.append(f"{path}: no tokens (empty corpus)")
+        if st.layout == 'flat': errors += _doc_count_errors(st, path)
     counts, n_tok = c['counts'], c['n_tok']
     used = int((counts[:-1] > 0).sum()) if counts is not None else 0
     rep = {'ok': not errors, 'path': str(path), 'errors': errors, 'files': c['files'], 'n_files': len(c['files']),
