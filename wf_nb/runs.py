@@ -362,5 +362,9 @@ def cancel_run(ref, runs_dir=None, sig=signal.SIGINT) -> str:
     r = get_run(ref, runs_dir); m = r.meta()
     if r.status != 'RUNNING': return f"run {r.id} is {r.status}; nothing to cancel"
     if m.get('host') != socket.gethostname(): return f"run {r.id} runs on {m.get('host')}; cancel it there"
-    os.kill(int(m['pid']), sig)
-    return f"sent {signal.Signals(sig).name} to run {r.id} (pid {m['pid']}); it will save and stop after its current step"
+    held = lock_holder(r.dir)   # the process holding the run's lock is the run; a stored pid alone may be another program's by now
+    if not held or not str(held).isdigit():
+        return (f"run {r.id} shows RUNNING, but no process holds its lock ({r.lock_path}): its process {m.get('pid')} is gone "
+                f"(that pid may belong to another program now); nothing signalled. The same `wf train` command resumes it")
+    os.kill(int(held), sig)
+    return f"sent {signal.Signals(sig).name} to run {r.id} (pid {held}); it will save and stop after its current step"
