@@ -12,7 +12,11 @@ from . import recipes   # registers every preset (pure config data: no torch)
 def load(path, **kwargs):
     """Any checkpoint wf_nb wrote (or a plain HF checkpoint dir): a training checkpoint as the model wf_nb trains
     (`wf_nb.convert.load`), a packed export (`hf-bitnet`, `wf-packed`) as its packed inference model (`wf_nb.export.load_packed`)."""
+    from pathlib import Path
     from wf_nb.export import is_packed_dir, load_packed
+    if Path(path).is_file() and (Path(path).suffix == '.gguf' or open(path, 'rb').read(4) == b'GGUF'):
+        raise ValueError(f"{path} is a GGUF file (llama.cpp's format): wf_nb.load reads checkpoint folders. Run it with llama.cpp, "
+                         f"or load the run or an hf-bitnet / wf-packed export folder")
     if is_packed_dir(path): return load_packed(path, **kwargs)
     from wf_nb.convert import load as _load
     return _load(path, **kwargs)

@@ -204,7 +204,7 @@ def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | No
     _refuse_runs(out, flag)
     if out.is_symlink(): raise OutputError(f"{flag} {out} is a symbolic link; wf_nb replaces only what it wrote. Choose another path")
     if out.is_file():
-        with open(out, 'rb') as f: head = f.read(1 << 16)
+        with open(out, 'rb') as f: head = f.read(1 << 20)   # a GGUF's own keys come before its tokenizer
         if file_mark and file_mark in head: return True
         raise OutputError(f"{flag} {out} is a file wf_nb did not write (no wf_nb mark in it); --overwrite replaces only "
                           f"wf_nb's own outputs. Move it away or choose another path")

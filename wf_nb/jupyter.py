@@ -177,6 +177,8 @@ def train(model=None, stage='1', scale=None, overrides=(), detach=True, runs_dir
             print(f"wf train: {e}", file=sys.stderr); return rid               # `wf train` exits 0: nothing to do
     from wf_nb.launch import num_processes
     if detach or num_processes(cfg) > 1:
+        if not skip_recovery and (old := _PROCS.get(rid)) is not None and old.poll() is None:   # still importing: no lock on disk yet
+            raise RunExistsError(f"run {rid} is already running in the background (pid {old.pid}), started from this kernel; wf_nb.wait('{rid}')", None, 'RUNNING')
         before = {p.name for p in runs_dir.glob(f'{rid}-*')}
         proc = _spawn(argv, runs_dir, rid)
         if skip_recovery: rid = _new_run_of(proc, runs_dir, rid, before)
@@ -230,6 +232,7 @@ def wait(run, runs_dir=None, timeout: float | None = None, follow: bool = False,
         if timeout is not None and time.monotonic() - t0 > timeout: raise TimeoutError(f"run {rid} still {r.status if r else 'starting'} after {timeout}s")
         time.sleep(poll)
     if plot is not None: plot.close()
+    if r is None and proc is None: raise KeyError(f"no run {rid!r} in {_runs_dir(runs_dir)}; wf_nb.runs() lists them")
     if r is None:
         tail = log.read_text(errors='replace').splitlines()[-5:] if log.exists() else []
         raise RuntimeError(f"run {rid} did not start (exit code {proc.returncode if proc else '?'}): " + ' | '.join(tail))
