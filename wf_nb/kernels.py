@@ -363,6 +363,8 @@ def _int_rescale_cublas(*args):
         if fused is not None: _INT_RESCALE['cuda'] = fused
 
 # %% ../nbs/02_kernels.ipynb #9b2e089b
+from .quant import weight_codes as train_weight_codes
+
 class PackedBitLinear(nn.Module):
     "Inference-only ternary linear: packed 2-bit weights, per-tensor scale, int8 activations."
     def __init__(self, in_features: int, out_features: int, bias: bool = False, dtype=torch.float32, device=None,
@@ -371,7 +373,7 @@ class PackedBitLinear(nn.Module):
         self.in_features, self.out_features, self.haar, self.cache = in_features, out_features, bool(haar), cache
         k = haar_width(in_features) if haar else in_features
         self.register_buffer('weight', torch.zeros(-(-out_features // 4), k, dtype=torch.uint8, device=device))
-        self.register_buffer('weight_scale', torch.ones(1, dtype=dtype, device=device))
+        self.register_buffer('weight_scale', torch.ones(1, dtype=torch.float32, device=device))   # fp32, as training's `s_w`
         self.register_buffer('bias', torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
         self.rms_norm = RMSNorm(in_features, norm_eps, device=device, dtype=dtype) if norm_eps is not None else None
         self._w_int8, self._w_key = None, None
@@ -385,7 +387,7 @@ class PackedBitLinear(nn.Module):
         norm = getattr(lin, 'rms_norm', None)
         m = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, dtype=w.dtype, device=w.device,
                 norm_eps=None if norm is None else norm.variance_epsilon, haar=getattr(lin, 'haar', False), cache=cache)
-        t, s = weight_codes(w)
+        t, s = train_weight_codes(w)   # the training forward's own codes and scale (`wf_nb.quant.weight_codes`), bit for bit
         with torch.no_grad():
             m.weight.copy_(pack_ternary(t)); m.weight_scale.fill_(s.item())
             if lin.bias is not None: m.bias.copy_(lin.bias.detach())

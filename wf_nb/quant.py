@@ -62,6 +62,8 @@ class CompiledOrEager:
         if self.compiled is None:
             self.compiled = torch.compile(self.fn, **self.kw) if os.environ.get('WF_NB_COMPILE_QUANT', '1') != '0' else False
         if self.compiled is not False and t.device.type != 'meta':
+            if not torch.is_grad_enabled():   # nothing to differentiate: one compiled variant per dtype, not also per requires_grad
+                t, args = t.detach(), tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
             try: return self.compiled(t, *args)
             except Exception as e:  # no compiler toolchain, unsupported tensor subclass, ...
                 import warnings; warnings.warn(f"wf_nb: torch.compile of {self.fn.__name__} failed ({type(e).__name__}); using eager")
@@ -199,14 +201,16 @@ def _fused_act_codes(device_type: str, act_bits: int):
 
 def _act_codes(x2: torch.Tensor, act_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     fused = _fused_act_codes(x2.device.type, act_bits)
-    return fused(x2) if fused is not None else _ACT_Q(x2, act_bits)
+    if fused is not None: return fused(x2)
+    return _act_codes_eager(x2, act_bits) if _EXACT[0] else _ACT_Q(x2, act_bits)
 
 _ACT_MEMO = [None]   # (input tensor, its state, codes, scales) of the last plain integer forward
+_EXACT = [False]     # True inside a forward without autograd (`int_linear`): the eager quantizers, bit for bit transformers' and PackedBitLinear's
 
 @torch.no_grad()
 def shared_act_codes(x: torch.Tensor, act_bits: int = 8, norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     "`act_quant_int` of `x [..., K]` (of `norm(x)` if given) as `[M,K]` codes and `[M,1]` scales, reused while the same unchanged tensor comes back."
-    state = (x._version, act_bits, torch.is_inference_mode_enabled(), BitLinear.use_triton, norm,
+    state = (x._version, act_bits, torch.is_inference_mode_enabled(), BitLinear.use_triton, _EXACT[0], norm,
              None if norm is None else (norm.weight._version, _OPT_STEPS[0]))
     hit = _ACT_MEMO[0]
     if hit is not None and hit[0] is x and hit[1] == state: return hit[2], hit[3]
@@ -235,7 +239,9 @@ def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits:
     "Codes and scales of `RMSNorm(x2)` (fp32, not rounded to x2's dtype first), and `r = 1/rms` per row for the backward."
     # compiled on every device: on an H200 one inductor kernel takes 141 us at 16384 x 576 where the eager norm and the
     # Triton quantizer take 229 us (02_kernels' GPU table); the eager fallback still quantizes with the registered kernel
-    return _NORM_Q(x2, norm_w, eps, act_bits)
+    # detached, fp32 norm weight: compiled once per x2 dtype (and inference mode), under torch's recompile limit of 8
+    # (past it every call ran the uncompiled reference: 6.9 ms against 0.5-0.9 ms compiled at 512 x 576, 1 thread)
+    return (_norm_codes_eager if _EXACT[0] else _NORM_Q)(x2.detach(), norm_w.detach().float(), eps, act_bits)
 
 # %% ../nbs/01_quant.ipynb #4ad29d8c
 def int_rescale(xq, xs, wq, ws, bias, out_dtype) -> torch.Tensor:
@@ -308,17 +314,23 @@ class _NormIntLinear(torch.autograd.Function):
         return gx, gn, gw, gb, None, None, None, None, None
 
 # %% ../nbs/01_quant.ipynb #be816bdd
+def _int_linear(x, mod, norm, wq, ws, out_dtype):
+    if norm is not None and not getattr(norm, 'shared', False):
+        return _NormIntLinear.apply(x, norm.weight, mod.weight, mod.bias, wq, ws, norm.variance_epsilon, mod.act_bits, out_dtype)
+    xq, xs = shared_act_codes(x, mod.act_bits, norm)   # of norm(x) for a FusedInputNorm's layers (grad: at norm(x))
+    return _IntLinear.apply(x, mod.weight, mod.bias, xq, xs, wq, ws, out_dtype)
+
 def int_linear(x: torch.Tensor, mod: nn.Module, norm: nn.Module | None = None) -> torch.Tensor:
     "`F.linear(act_quant(norm(x)), weight_quant(W), b)` of a BitLinear at `lam = 1` as an int8 GEMM (autocast-aware)."
     dev = x.device.type
     out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     wq, ws = cached_weight_codes(mod)
-    with torch.autocast(dev, enabled=False):
-        if norm is not None and not getattr(norm, 'shared', False):
-            return _NormIntLinear.apply(x, norm.weight, mod.weight, mod.bias, wq, ws, norm.variance_epsilon,
-                                        mod.act_bits, out_dtype)
-        xq, xs = shared_act_codes(x, mod.act_bits, norm)   # of norm(x) for a FusedInputNorm's layers (grad: at norm(x))
-        return _IntLinear.apply(x, mod.weight, mod.bias, xq, xs, wq, ws, out_dtype)
+    # without autograd (evaluation, generation) the eager quantizers: bit for bit what PackedBitLinear and stock
+    # transformers compute from an export; the compiled ones may round the norm's mean differently in its last bit
+    exact, _EXACT[0] = _EXACT[0], not torch.is_grad_enabled()
+    try:
+        with torch.autocast(dev, enabled=False): return _int_linear(x, mod, norm, wq, ws, out_dtype)
+    finally: _EXACT[0] = exact
 
 @contextmanager
 def transformers_exact():
