@@ -194,9 +194,9 @@ def _refuse_runs(out: Path, flag: str):
             raise OutputError(f"{flag} {out} {'is' if a == o else 'is inside'} the {'run' if _is_run(a) else 'runs folder'} {a}; "
                               f"wf_nb never writes there. Choose an output outside it")
 
-def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | None = None, flag: str = '--out') -> bool:
+def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | None = None, flag: str = '--out', also_ours=()) -> bool:
     """Refuse an output wf_nb may not write or replace (see above); `protect`: `(name, path)` pairs. Returns whether
-    an existing output is to be replaced (False: `out` does not exist yet)."""
+    an existing output is to be replaced (False: `out` does not exist yet). `also_ours`: names of bookkeeping files wf_nb adds later."""
     out = Path(out)
     _refuse_protected(out, protect, flag)
     if not out.exists() and not out.is_symlink(): return False
@@ -214,7 +214,7 @@ def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | No
         if not any(out.iterdir()): return True                     # an empty folder
         raise OutputError(f"{flag} {out} is not a wf_nb output (no {OUTPUT_MARKER}); --overwrite replaces only what wf_nb "
                           f"wrote, never other folders. Choose a new or empty folder")
-    extra = sorted(str(p.relative_to(out)) for p in out.rglob('*') if not p.is_dir() and str(p.relative_to(out)) not in ours)
+    extra = sorted(str(p.relative_to(out)) for p in out.rglob('*') if not p.is_dir() and str(p.relative_to(out)) not in ours and p.name not in also_ours)
     if extra: raise OutputError(f"{flag} {out} holds {len(extra)} file(s) wf_nb did not write ({shorten(', '.join(extra[:3]))}); "
                                 f"--overwrite never deletes them. Move them out or choose another path")
     return True

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from .assets import cache_dir
-from .io import atomic_dir, write_json, sha256_file, sha256_json
+from .io import atomic_dir, write_json, sha256_file, sha256_json, check_output, mark_output, OutputError, OUTPUT_MARKER
 from .data import (DataError, ROW_SUFFIXES, TextSource, text_source, tokenizer_id, token_dtype, as_tokenizer,
                         DocEncoder, doc_batches, encoder_pool)
 
@@ -40,7 +40,14 @@ def _check_tokenize_output(src, out: Path, overwrite: bool) -> bool:
     if not out.is_dir(): raise DataError(f"output {out} exists and is not a folder; choose another output path.")
     if _is_shard_dir(out):
         if not overwrite: raise DataError(f"{out} already holds token shards; pass overwrite=True (--overwrite) or choose another output.")
-        return True
+        if not (out/OUTPUT_MARKER).exists():   # written before the marker: only its manifest's files may go
+            man = json.loads((out/MANIFEST).read_text()); ours = {MANIFEST, '.wf_verified.json'}
+            ours |= {s[k] for s in man.get('shards', []) for k in ('file', 'docs') if k in s}
+            extra = sorted(str(p.relative_to(out)) for p in out.rglob('*') if not p.is_dir() and str(p.relative_to(out)) not in ours)
+            if extra: raise DataError(f"output {out} holds {len(extra)} file(s) wf_nb did not write ({', '.join(extra[:3])}); --overwrite never deletes them")
+            return True
+        try: return check_output(out, True, flag='output', also_ours=('.wf_verified.json',))   # the one rule (wf_nb.io); TokenShards.VERIFIED
+        except OutputError as e: raise DataError(str(e)) from None
     if any(out.iterdir()):
         raise DataError(f"output {out} exists and is not a wf_nb token-shard folder (no wf_nb {MANIFEST}); --overwrite only replaces "
                         f"shards wf_nb wrote, never other files. Choose a new or empty output folder.")
@@ -117,6 +124,7 @@ def data_tokenize(source, out, tokenizer='smollm2_135m', text_field: str = 'text
                'source_fingerprint': src.fingerprint(), 'text_field': src.text_field, **w.stats, 'shards': w.shards,
                'seconds': round(time.time() - t0, 3)}
         (tmp/MANIFEST).write_text(json.dumps(man, indent=1))      # inside the temporary folder: renamed into place whole
+        mark_output(tmp, 'tokens')                                  # what `--overwrite` may replace (wf_nb.io.check_output)
     atomic_dir(out, write, exists='replace' if replace else 'keep')   # 'keep': another process finished first
     man = json.loads((out/MANIFEST).read_text())
     if verbose:
