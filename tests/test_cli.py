@@ -139,6 +139,9 @@ def test_export_generate_eval(wf, tmp_path):
     assert r.returncode != 0 and 'exists' in (r.stderr + r.stdout)                 # never overwritten silently
     r = wf('generate', tmp_path / 'packed', '--prompt', 'To be, or not', '--max-new-tokens', '5', env=ENV)
     assert r.stdout.strip(), r.stdout
+    assert 'decode' in r.stderr and 'tokens/s (wf_nb fast path)' in r.stderr, r.stderr     # issue 32: speed, from the fast path
+    r = wf('generate', tmp_path / 'packed', '--prompt', 'x', '--max-new-tokens', '100000', check=False, env=ENV)
+    assert r.returncode == 2 and "past the model's context" in r.stderr and 'Traceback' not in r.stderr, r.stderr
     (tmp_path / 'heldout.txt').write_text('Now is the winter of our discontent made glorious summer. ' * 20)
     (tmp_path / 'mc.jsonl').write_text(json.dumps({'context': 'The cat sat on the', 'choices': [' mat', ' moon'], 'label': 0}) + '\n')
     r = wf('eval', run, '--data', tmp_path / 'heldout.txt', '--mc', tmp_path / 'mc.jsonl', '--json', tmp_path / 'eval.json', env=ENV)

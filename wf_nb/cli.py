@@ -9,7 +9,7 @@ from pathlib import Path
 from .config import get_config, to_yaml, fingerprint, ConfigError, git_info
 
 # %% auto #0
-__all__ = ['EXIT_CODES', 'COMMANDS', 'resolve_checkpoint', 'main']
+__all__ = ['EXIT_CODES', 'COMMANDS', 'resolve_checkpoint', 'resolve_model', 'main']
 
 # %% ../nbs/11_cli.ipynb #924351a2
 class _Parser(argparse.ArgumentParser):
@@ -63,10 +63,11 @@ def _args_launch(sub):
     la.add_argument('--nodes', type=_positive_int, default=1, help='machines (SkyPilot: multi-node torchrun)')
     la.add_argument('--scale', choices=['single', 'small', 'medium', 'large'], help='process-count profile (default: large when COUNT > 1)')
     la.add_argument('--on-demand', action='store_true', help='SkyPilot: on-demand instead of spot instances')
-    la.add_argument('--max-restarts', type=int, default=3, help='restarts after errors (SkyPilot job_recovery; Modal retries)')
+    la.add_argument('--max-restarts', type=int, default=3, help='restarts after errors, 0 or more (SkyPilot job_recovery; Modal retries)')
     la.add_argument('--secret', action='append', default=[], help='Modal: a secret to attach, by name (repeatable)')
     la.add_argument('--out', help='folder for the spec (default launch/JOB)')
     la.add_argument('--dry-run', action='store_true', help='write the spec only; print the command that starts it')
+    la.add_argument('--overwrite', action='store_true', help='replace an existing spec that wf launch wrote (a hand-edited one included); never another file')
 
 # %% ../nbs/11_cli.ipynb #8a726a5d
 def _args_config(sub):
@@ -132,7 +133,7 @@ def _args_data(sub):
 def _args_eval(sub):
     "`wf eval`."
     e = sub.add_parser('eval', help='perplexity / multiple choice / task accuracy')
-    e.add_argument('src', help='run id, run dir or checkpoint dir'); e.add_argument('--data'); e.add_argument('--mc')
+    e.add_argument('src', help='run id, run dir, checkpoint dir, or a model preset (its FP model, e.g. smollm2_135m)'); e.add_argument('--data'); e.add_argument('--mc')
     e.add_argument('--task'); e.add_argument('--json', dest='out_json'); e.add_argument('--runs-dir', default=None)
     e.add_argument('--seq-len', type=int, default=512, help='perplexity window'); e.add_argument('--stride', type=int)
     e.add_argument('--limit', type=int, help='at most this many MC items / task examples')
@@ -148,13 +149,19 @@ def _args_export(sub):
     x = sub.add_parser('export', help='packed ternary export')
     x.add_argument('src'); x.add_argument('--format', default='hf-bitnet', choices=['hf-bitnet', 'gguf', 'wf-packed'])
     x.add_argument('--out', required=True); x.add_argument('--runs-dir', default=None)
-    x.add_argument('--overwrite', action='store_true', help='replace an existing export')
+    x.add_argument('--overwrite', action='store_true', help='replace an earlier export wf_nb wrote (its .wf_nb_output.json marker; never other files, a run or the runs folder)')
+    x.add_argument('--allow-float', action='store_true', help='pack a full-precision model as naive ternary, knowingly (refused otherwise)')
+    x.add_argument('--ternary-type', default='auto', choices=['auto', 'tq2_0', 'tq1_0', 'q2_0'],
+                   help='gguf: type of the ternary matrices (auto: TQ2_0 where inputs are multiples of 256, else Q2_0)')
+    x.add_argument('--dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'],
+                   help='hf-bitnet / wf-packed: stored type of what is not ternary (embeddings, lm_head if untied, norms); fp32: the checkpoint bit for bit')
+    x.add_argument('--embed-type', default='q8_0', choices=['q8_0', 'f16', 'q4_0', 'f32'], help='gguf: type of the (tied) embedding')
 
 # %% ../nbs/11_cli.ipynb #b3cf5683
 def _args_generate(sub):
     "`wf generate`."
     g = sub.add_parser('generate', help='generate text from a checkpoint')
-    g.add_argument('src'); g.add_argument('--prompt', required=True); g.add_argument('--max-new-tokens', type=int, default=40)
+    g.add_argument('src', help='run id, run dir, checkpoint dir, or a model preset (its FP model)'); g.add_argument('--prompt', required=True); g.add_argument('--max-new-tokens', type=int, default=40)
     g.add_argument('--runs-dir', default=None)
 
 # %% ../nbs/11_cli.ipynb #6e9219e7
@@ -185,12 +192,26 @@ def resolve_checkpoint(ref: str, runs_dir=None) -> Path:
     "A checkpoint directory from a run id/prefix, a run directory, or a checkpoint directory."
     p = Path(ref)
     if (p/'config.json').exists(): return p
+    if p.is_file() and (p.suffix == '.gguf' or open(p, 'rb').read(4) == b'GGUF'):
+        raise ValueError(f"{p} is a GGUF file (llama.cpp's format): wf_nb loads checkpoint folders. Run it with llama.cpp "
+                         f"(llama-cli -m {p}), or give the run or an hf-bitnet / wf-packed export folder")
+    if p.is_dir() and not (p/'metadata.json').exists():
+        raise FileNotFoundError(f"{p} is a folder but neither a checkpoint (no config.json) nor a run (no metadata.json); "
+                                f"give a run id (`wf runs` lists them), a run folder or a checkpoint folder")
     from wf_nb.runs import get_run, Run, run_output
     run = Run(p) if (p/'metadata.json').exists() else get_run(ref, runs_dir)
     out = run_output(run)
     if not (out/'config.json').exists():
         raise FileNotFoundError(f"run {run.id} has no output checkpoint yet (status {run.status}); finish or resume it with `wf train`")
     return out
+
+def resolve_model(ref: str, runs_dir=None) -> Path | str:
+    "What `wf eval` and `wf generate` take: `resolve_checkpoint`'s, or a model preset name (its FP model: the baseline, offline)."
+    from wf_nb.config import PRESETS
+    if ref in PRESETS['model'] and not Path(ref).exists(): return ref
+    try: return resolve_checkpoint(ref, runs_dir)
+    except KeyError as e:
+        raise KeyError(f"{e.args[0]}; or name a model preset for its FP model ({', '.join(sorted(PRESETS['model']))})") from None
 
 # %% ../nbs/11_cli.ipynb #8a310bd1
 EXIT_CODES = {0: 'COMPLETED, or nothing to do (the run was already COMPLETED)',
@@ -289,7 +310,11 @@ def _train_exit(res) -> int:
 
 # %% ../nbs/11_cli.ipynb #8389bceb
 def _check_eval_inputs(a):
-    "Refuse `wf eval` inputs that would fail after the model is loaded: an empty or malformed --mc file, --json onto a folder."
+    "Refuse `wf eval` inputs that would fail after the model is loaded: bad flag values, an empty or malformed --mc file, --json onto a folder."
+    for flag, v, lo in (('--limit', a.limit, 1), ('--stride', a.stride, 1), ('--max-tokens', a.max_tokens, 1), ('--num-fewshot', a.num_fewshot, 0),
+                        ('--seq-len', a.seq_len, 2)):
+        if v is not None and v < lo: raise ValueError(f"{flag} {v}: give {lo} or more")
+    if a.stride is not None and a.stride >= a.seq_len: raise ValueError(f"--stride {a.stride}: give less than --seq-len {a.seq_len}")
     if a.out_json:
         j = Path(a.out_json)
         if j.is_dir(): raise IsADirectoryError(f"--json {j} is a folder; give a file path such as {j}/eval.json")
@@ -344,7 +369,7 @@ def _cmd_launch(a) -> int:
     "`wf launch`."
     from wf_nb.cloud import launch
     res = launch(a.backend, a.model, a.stage, a.overrides, a.scale, gpus=a.gpus, num_nodes=a.nodes, spot=not a.on_demand,
-                 out=a.out, dry_run=a.dry_run, secrets=a.secret, max_restarts=a.max_restarts)
+                 out=a.out, dry_run=a.dry_run, secrets=a.secret, max_restarts=a.max_restarts, overwrite=a.overwrite)
     return res.get('returncode', 0)
 
 # %% ../nbs/11_cli.ipynb #c22ea8d0
@@ -409,18 +434,22 @@ def _cmd_eval(a) -> int:
     _check_eval_inputs(a)
     if a.lm_eval:
         from wf_nb.lmeval import lm_evaluate
-        lm_evaluate(resolve_checkpoint(a.src, a.runs_dir), a.lm_eval, data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
+        lm_evaluate(resolve_model(a.src, a.runs_dir), a.lm_eval, data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
                     limit=a.limit, num_fewshot=a.num_fewshot, seq_len=a.seq_len, stride=a.stride, max_tokens=a.max_tokens,
                     calibrate=a.calibrate); return 0
-    evaluate(resolve_checkpoint(a.src, a.runs_dir), data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
+    evaluate(resolve_model(a.src, a.runs_dir), data=a.data, mc=a.mc, task=a.task, out_json=a.out_json,
              seq_len=a.seq_len, stride=a.stride, limit=a.limit, max_tokens=a.max_tokens, calibrate=a.calibrate); return 0
 
 # %% ../nbs/11_cli.ipynb #326d7dfc
 def _cmd_export(a) -> int:
     "`wf export`."
     from wf_nb.export import export_model, format_size_report
-    rep = export_model(resolve_checkpoint(a.src, a.runs_dir), fmt=a.format, out=a.out, overwrite=a.overwrite)
+    rep = export_model(resolve_checkpoint(a.src, a.runs_dir), fmt=a.format, out=a.out, overwrite=a.overwrite, allow_float=a.allow_float,
+                       **(dict(ternary_type=a.ternary_type, embed_type=a.embed_type) if a.format == 'gguf' else dict(dtype=a.dtype)))
     print(f"exported {rep['format']} -> {rep['path']} in {rep['seconds']}s\n{format_size_report(rep)}")
+    if 'gguf_bits' in rep:
+        from wf_nb.gguf_export import format_gguf_bits
+        print(format_gguf_bits(rep['gguf_bits']))
     return 0
 
 # %% ../nbs/11_cli.ipynb #a8a1260a
@@ -428,7 +457,12 @@ def _cmd_generate(a) -> int:
     "`wf generate`."
     from wf_nb.evaluate import generate
     if not a.prompt.strip(): raise ValueError("--prompt is empty; give the text to continue, e.g. --prompt 'To be, or not to be'")
-    print(generate(resolve_checkpoint(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens)); return 0
+    if a.max_new_tokens < 1: raise ValueError(f"--max-new-tokens {a.max_new_tokens}: give 1 or more")
+    st = {}
+    print(generate(resolve_model(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens, stats=st))
+    speed = (f"prefill {st['prefill_tokens_per_s']:.1f} tokens/s, decode {st['decode_tokens_per_s'] or 0:.1f} tokens/s (wf_nb fast path)"
+             if st.get('fast') else f"{st['tokens_per_s']:.1f} tokens/s (transformers' generate)")
+    print(f"[{st['prompt_tokens']} prompt tokens, {st['new_tokens']} new in {st['seconds']:.2f}s: {speed}]", file=sys.stderr); return 0
 
 # %% ../nbs/11_cli.ipynb #422c1a87
 def _cmd_ablate(a) -> int:

@@ -85,6 +85,10 @@ def perplexity(model, data, tokenizer=None, seq_len: int = 512, stride: int | No
     "Perplexity of `model` on held-out `data` with sliding windows; every predictable token scored exactly once."
     docs = token_docs(data, tokenizer, max_tokens)
     if not docs: raise ValueError("no held-out document with at least 2 tokens")
+    V = getattr(getattr(model, 'config', None), 'vocab_size', None) or 1 << 62
+    lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
+    if lo < 0 or hi >= V: raise ValueError(f"held-out data holds token ids {lo}..{hi}, outside the model's vocabulary 0..{V - 1}: "
+                                           f"tokenized for another model? Tokenize it with this model's tokenizer")
     dev = next(model.parameters()).device
     was = model.training; model.eval()
     jobs = [(d, b, e, f) for d in docs for b, e, f in windows(len(d), seq_len, stride)]
@@ -165,10 +169,18 @@ def multiple_choice(model, tokenizer, mc, max_len: int = 1024, limit: int | None
                 predictions=preds)
 
 # %% ../nbs/08_eval.ipynb #efc3f3c8
+def _gen_stats(model, prompt_tokens: int, new_tokens: int, seconds: float) -> dict:
+    "Token counts and tokens/s of one `generate` call: prefill and decode apart where the model measured them (`FastDecoder`)."
+    st = dict(prompt_tokens=prompt_tokens, new_tokens=new_tokens, seconds=seconds, tokens_per_s=new_tokens / max(seconds, 1e-9))
+    fs = model.__dict__.get('generate_stats')
+    if fs: st.update(fast=True, prefill_tokens_per_s=fs['prompt_tokens'] / max(fs['prefill_s'], 1e-9),
+                     decode_tokens_per_s=(fs['new_tokens'] - 1) / fs['decode_s'] if fs['new_tokens'] > 1 and fs['decode_s'] > 0 else None)
+    return st
+
 @torch.no_grad()
 def generate(model, tokenizer=None, prompt: str = '', max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int | None = None, chat: bool = False) -> str:
-    "Greedy (temperature 0) or sampled continuation of `prompt` (new text only); `model` may be a directory or preset (`load_for_eval`)."
+             top_k: int = 0, seed: int | None = None, chat: bool = False, stats: dict | None = None) -> str:
+    "Greedy (temperature 0) or sampled continuation of `prompt` (new text only); `model` may be a directory or preset (`load_for_eval`); `stats`: filled with token counts and speeds."
     if not isinstance(model, nn.Module):
         model, own = load_for_eval(model)
         tokenizer = tokenizer or own
@@ -176,18 +188,23 @@ def generate(model, tokenizer=None, prompt: str = '', max_new_tokens: int = 64, 
     dev = next(itertools.chain(model.parameters(), model.buffers())).device
     if chat: prompt = tokenizer.apply_chat_template([{'role': 'user', 'content': prompt}], tokenize=False, add_generation_prompt=True)
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids], device=dev)
+    from wf_nb.export import context_error
+    why = context_error(model, ids.shape[1], max_new_tokens)
+    if why: raise ValueError(f"generate: {why}")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=pad,
               eos_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(ids))
     if temperature > 0: kw.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
     else: kw.update(temperature=None, top_p=None, top_k=None)
     was = model.training; model.eval()
+    model.__dict__.pop('generate_stats', None); t0 = time.perf_counter()
     try:
         if seed is not None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed); out = model.generate(ids, **kw)
         else: out = model.generate(ids, **kw)
     finally: model.train(was)
+    if stats is not None: stats.update(_gen_stats(model, ids.shape[1], out.shape[1] - ids.shape[1], time.perf_counter() - t0))
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 # %% ../nbs/08_eval.ipynb #29189c15
@@ -248,6 +265,11 @@ def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokeni
     else:
         model, tok = load_for_eval(path_or_model); src = str(path_or_model)
         tokenizer = tokenizer or tok
+    ctx = getattr(getattr(model, 'config', None), 'max_position_embeddings', None)
+    if ctx and seq_len > ctx:   # windows past the positions the model was trained on would score garbage
+        log(f"note: --seq-len {seq_len} is past the model's context of {ctx} positions: scoring {ctx}-token windows")
+        seq_len = ctx
+    max_len = min(max_len, ctx or max_len)
     res = {'model': src}
     if isinstance(data, str) and not _exists(data):
         raise FileNotFoundError(f"evaluate: held-out data {data!r} does not exist (a text file, folder or token-shard dir)")
@@ -263,8 +285,10 @@ def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokeni
             from wf_nb.tasks import shakespeare_genre, GENRE_TASK
             rows, tk = shakespeare_genre('test', n_per_genre=max(1, limit // 3) if limit else 100), GENRE_TASK
         else:
+            if not Path(task).is_file(): raise TaskFormatError(f"--task {task}: not a built-in task (shakespeare_genre) nor an existing JSONL file")
             rows = read_jsonl(task)
-            if not rows or 'label' not in rows[0]: raise TaskFormatError(f"{task}: task evaluation needs {{text, label}} rows")
+            bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict) or 'label' not in r or 'text' not in r), None)
+            if not rows or bad: raise TaskFormatError(f"{task}{f':{bad}' if bad else ''}: task evaluation needs {{\"text\": ..., \"label\": ...}} rows")
             rows = [dict(r, label=str(r['label'])) for r in rows]
             tk = ClassificationTask(sorted({r['label'] for r in rows}), name=Path(task).stem)
         rows = rows[:limit]

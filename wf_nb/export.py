@@ -4,18 +4,19 @@
 
 # %% ../nbs/03a_export.ipynb #194d2525
 from __future__ import annotations
-import copy, json, shutil, tempfile, time, warnings
+import copy, functools, json, os, shutil, tempfile, time, warnings
 from pathlib import Path
-import torch, torch.nn as nn
+import torch, torch.nn as nn, torch.nn.functional as F
 from safetensors.torch import save_file, load_file
-from .kernels import PackedBitLinear
-from .quant import BitLinear
-from .io import atomic_dir, atomic_file
+from .kernels import PackedBitLinear, act_codes
+from .quant import BitLinear, unpack_ternary
+from .io import atomic_dir, atomic_file, check_output, mark_output, OutputError
 
 # %% auto #0
-__all__ = ['SKIP', 'HF_QUANT_CONFIG', 'PACKED_JSON', 'FORMATS', 'ExportError', 'quantized_linears', 'pack_model',
-           'bitnet_unexpressible', 'is_packed_dir', 'load_packed', 'size_report', 'format_size_report', 'check_gguf',
-           'export_model']
+__all__ = ['SKIP', 'HF_QUANT_CONFIG', 'PACKED_JSON', 'DTYPES', 'FORMATS', 'GGUF_MARK', 'ExportError', 'quantized_linears',
+           'pack_model', 'bitnet_unexpressible', 'storage_dtype', 'group_readable', 'is_packed_dir', 'load_packed',
+           'fast_unsupported', 'FastDecoder', 'context_error', 'fast_generate', 'enable_fast_generate', 'size_report',
+           'format_size_report', 'export_model']
 
 # %% ../nbs/03a_export.ipynb #87c93af5
 class ExportError(ValueError):
@@ -56,12 +57,17 @@ def _tiny_bitnet(seed: int = 0, vocab: int = 256, hidden: int = 64, inter: int =
     return m
 
 # %% ../nbs/03a_export.ipynb #c2a7471e
+def _check_out(out: Path, overwrite: bool, src=None, file_mark: bytes | None = None) -> bool:
+    "`io.check_output` (the one rule for `--overwrite`) with export's error type; a source checkpoint folder is protected."
+    protect = [] if src is None or isinstance(src, nn.Module) else [('the source checkpoint', Path(src))]
+    try: return check_output(Path(out), overwrite, protect, file_mark=file_mark)
+    except OutputError as e: raise ExportError(str(e)) from None
+
 def _atomic_write(final: Path, write, overwrite: bool = False) -> Path:
-    "`io.atomic_dir`, with export's message for an existing `--out`."
-    final = Path(final)
-    if final.exists() and not overwrite:
-        raise ExportError(f"{final} already exists: choose another --out or pass overwrite=True (--overwrite)")
-    return atomic_dir(final, write, exists='replace')
+    "`io.atomic_dir` of an export folder marked as wf_nb's: `--overwrite` replaces only an earlier export, untouched since."
+    replace = _check_out(final, overwrite)
+    def marked(tmp): write(tmp); mark_output(tmp, 'export'); group_readable(tmp)   # 0644 / 0755 under umask 022
+    return atomic_dir(Path(final), marked, exists='replace' if replace else 'error')
 
 def _dedup_state(sd: dict) -> tuple[dict, list]:
     "Drop tensors that alias an earlier one (tied embeddings): (state dict, dropped keys)."
@@ -101,16 +107,34 @@ def _hf_quant_config(pmodel) -> dict:
     return qc
 
 # %% ../nbs/03a_export.ipynb #b517599d
+DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}
+
+def storage_dtype(dtype) -> torch.dtype | None:
+    "`'bf16' | 'fp16' | 'fp32'`, a torch float dtype, or None (keep each tensor's dtype) -> the dtype exports store."
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point: return dtype
+    if str(dtype) in DTYPES: return DTYPES[str(dtype)]
+    raise ExportError(f"export: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+
+def _umask() -> int:
+    m = os.umask(0o22); os.umask(m); return m
+
+def group_readable(path: Path) -> Path:
+    "Give `path` (and what is under it) the modes `cp` gives new files: 0666 / 0777 less the umask (temp files are 0600 / 0700)."
+    p, keep = Path(path), ~_umask()
+    for f in ([p, *p.rglob('*')] if p.is_dir() else [p]): f.chmod((0o777 if f.is_dir() else 0o666) & keep)
+    return p
+
 def _save_packed(pmodel, out: Path, fmt: str, tokenizer=None, dtype=None, overwrite=False, extra=None) -> Path:
+    dtype = storage_dtype(dtype)
     sd, tied = _dedup_state(pmodel.state_dict())
-    if dtype is not None:
-        sd = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in sd.items()}
+    if dtype is not None:   # stored narrower; `weight_scale` (one fp32 per matrix) stays exact
+        sd = {k: (v.to(dtype) if v.is_floating_point() and not k.endswith('weight_scale') else v) for k, v in sd.items()}
     cfg = pmodel.config.to_dict()
+    cfg['dtype'] = str(next(p for p in pmodel.parameters() if p.is_floating_point()).dtype)[6:]   # the compute dtype loaders build
     cfg.pop('quantization_config', None)
-    if dtype is not None: cfg['dtype'] = str(dtype).replace('torch.', '')
     if fmt == 'hf-bitnet': cfg['quantization_config'] = _hf_quant_config(pmodel)
     meta = dict(format=fmt, version=1, model_class=type(pmodel).__name__, model_type=cfg.get('model_type'),
-                modules=_module_specs(pmodel), tied=tied, **(extra or {}))
+                modules=_module_specs(pmodel), tied=tied, storage_dtype=None if dtype is None else str(dtype)[6:], **(extra or {}))
     def write(tmp):
         (tmp / 'config.json').write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
         (tmp / PACKED_JSON).write_text(json.dumps(meta, indent=2))
@@ -141,8 +165,8 @@ def _read_state(p: Path) -> dict:
     for f in files: sd.update(load_file(str(f)))
     return sd
 
-def load_packed(path, dtype=None) -> nn.Module:
-    "A packed checkpoint directory -> the model with `PackedBitLinear` layers (eval mode, CPU), for fast inference."
+def load_packed(path, dtype=None, fast: bool = True) -> nn.Module:
+    "A packed checkpoint directory -> the model with `PackedBitLinear` layers (eval mode, CPU); `fast`: `generate` through `FastDecoder`."
     from transformers import AutoConfig, AutoModelForCausalLM
     p = Path(path)
     if not is_packed_dir(p):
@@ -175,7 +199,134 @@ def load_packed(path, dtype=None) -> nn.Module:
         raise ExportError(f"{p}: checkpoint does not match the rebuilt model: missing {missing[:5]}, "
                           f"unexpected {unexpected[:5]}")
     if tied: model.tie_weights()
+    if fast: enable_fast_generate(model)
     return model.eval()
+
+# %% ../nbs/03a_export.ipynb #fa5a0002
+def _rms(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    "transformers' Llama/BitNet RMSNorm, op for op (so the codes after it are the reference's, bit for bit)."
+    hf = h.float()
+    return w * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+def _rotate_half(x): return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
+
+class _Proj:
+    "One or more PackedBitLinears that read the same input, fused: their int8 weights side by side, one scale per output."
+    def __init__(self, mods):
+        # [K, N] int8 as `torch._int_mm` reads it; unpacked here, not through `m.ternary()`, whose cache would hold a second copy
+        self.w = torch.cat([unpack_ternary(m.weight, m.out_features) for m in mods]).t().contiguous()
+        self.s = torch.cat([m.weight_scale.float().expand(m.out_features) for m in mods])
+        self.b = None if mods[0].bias is None else torch.cat([m.bias.float() for m in mods])
+        self.split = [m.out_features for m in mods]
+    def __call__(self, x: torch.Tensor, out_dtype) -> torch.Tensor:
+        xq, xs = act_codes(x, backend='torch')   # PackedBitLinear's quantizer
+        y = torch.div(torch._int_mm(xq, self.w), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
+        if self.b is not None: y += self.b
+        return y.to(out_dtype)
+
+def fast_unsupported(model) -> str | None:
+    "Why `FastDecoder` cannot run `model` (None if it can): a packed BitNet-architecture model without Haar or per-layer norms."
+    if getattr(getattr(model, 'config', None), 'model_type', None) != 'bitnet': return "its model_type is not 'bitnet'"
+    for layer in model.model.layers:
+        for m in (*[getattr(layer.self_attn, n) for n in ('q_proj', 'k_proj', 'v_proj', 'o_proj')],
+                  *[getattr(layer.mlp, n) for n in ('gate_proj', 'up_proj', 'down_proj')]):
+            if not isinstance(m, PackedBitLinear): return f"{type(m).__name__} layers are not packed"
+            if m.haar or m.rms_norm is not None: return "its packed layers carry Haar transforms or their own input norms"
+    return None
+
+# %% ../nbs/03a_export.ipynb #fa5a0003
+class FastDecoder:
+    "Generation for a packed BitNet model without transformers' per-token machinery: fused q/k/v and gate/up int8 GEMMs, a static KV cache."
+    def __init__(self, model):
+        why = fast_unsupported(model)
+        if why: raise ExportError(f"FastDecoder: cannot run this model ({why})")
+        self.model, cfg = model, model.config
+        self.dtype = model.model.embed_tokens.weight.dtype
+        self.H, self.KV = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.D = getattr(cfg, 'head_dim', None) or cfg.hidden_size // self.H
+        self.max_pos, self.eps = cfg.max_position_embeddings, cfg.rms_norm_eps
+        self.layers = [dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight,
+                            sub1=l.self_attn.attn_sub_norm.weight, sub2=l.mlp.ffn_sub_norm.weight, act=l.mlp.act_fn,
+                            qkv=_Proj([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]), o=_Proj([l.self_attn.o_proj]),
+                            gu=_Proj([l.mlp.gate_proj, l.mlp.up_proj]), down=_Proj([l.mlp.down_proj])) for l in model.model.layers]
+        self.scale, self.cache_len = model.model.layers[0].self_attn.scaling, 0
+
+    def _alloc(self, n: int):
+        "A static KV cache of `n` positions and RoPE tables for them (transformers' own rotary embedding)."
+        if n <= self.cache_len: return
+        z = lambda: torch.zeros(self.KV, n, self.D, dtype=self.dtype)
+        self.k, self.v = [z() for _ in self.layers], [z() for _ in self.layers]
+        cos, sin = self.model.model.rotary_emb(torch.zeros(1, dtype=self.dtype), torch.arange(n)[None])
+        self.cos, self.sin, self.cache_len = cos[0], sin[0], n
+
+    def forward(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
+        "Logits of the last of `ids` (1-D) at positions `pos..`; fills the cache. A prompt goes in at `pos = 0`, then one token at a time."
+        T, H, KV, D, dt = ids.shape[0], self.H, self.KV, self.D, self.dtype
+        h = self.model.model.embed_tokens(ids)
+        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+        for i, L in enumerate(self.layers):
+            q, k, v = L['qkv'](_rms(h, L['ln1'], self.eps), dt).split(L['qkv'].split, -1)
+            q, k = q.view(T, H, D).transpose(0, 1), k.view(T, KV, D).transpose(0, 1)
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            self.k[i][:, pos:pos + T], self.v[i][:, pos:pos + T] = k, v.view(T, KV, D).transpose(0, 1)
+            a = F.scaled_dot_product_attention(q[None], self.k[i][None, :, :pos + T], self.v[i][None, :, :pos + T],
+                                               is_causal=T > 1, scale=self.scale, enable_gqa=H != KV)
+            h = h + L['o'](_rms(a[0].transpose(0, 1).reshape(T, H * D), L['sub1'], self.eps), dt)
+            g, u = L['gu'](_rms(h, L['ln2'], self.eps), dt).split(L['gu'].split, -1)
+            h = h + L['down'](_rms(L['act'](g) * u, L['sub2'], self.eps), dt)
+        return self.model.lm_head(self.model.model.norm(h[-1:]))[0]
+
+# %% ../nbs/03a_export.ipynb #fa5a0004
+def context_error(model, prompt_len: int, max_new_tokens: int) -> str | None:
+    "Why `prompt_len + max_new_tokens` tokens do not fit `model`'s context (None if they do): the one message `wf generate` prints."
+    n = getattr(getattr(model, 'config', None), 'max_position_embeddings', None)
+    if n is None or prompt_len + max_new_tokens <= n: return None
+    return (f"the prompt ({prompt_len} tokens) plus --max-new-tokens {max_new_tokens} is {prompt_len + max_new_tokens} tokens, "
+            f"past the model's context of {n}: shorten the prompt or lower --max-new-tokens to {max(n - prompt_len, 0)}")
+
+_FAST_KW = {'attention_mask', 'max_new_tokens', 'min_new_tokens', 'do_sample', 'pad_token_id', 'eos_token_id',
+            'temperature', 'top_p', 'top_k', 'use_cache'}
+
+@torch.inference_mode()
+def fast_generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, min_new_tokens: int = 0, eos_token_id=None):
+    "Greedy generation with `FastDecoder` (built on first use): the prompt and its continuation `[1, T + new]`, as transformers' `generate`."
+    dec = model.__dict__.get('_fast_decoder') or model.__dict__.setdefault('_fast_decoder', FastDecoder(model))
+    T = input_ids.shape[1]
+    why = context_error(model, T, max_new_tokens)
+    if why: raise ValueError(f"generate: {why}")
+    eos = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    dec._alloc(T + max_new_tokens)
+    t0 = time.perf_counter()
+    logits, out = dec.forward(input_ids[0], 0), []
+    t1 = time.perf_counter()
+    for i in range(max_new_tokens):
+        if i < min_new_tokens and eos: logits[eos] = -float('inf')
+        out.append(int(logits.argmax()))
+        if out[-1] in eos or i == max_new_tokens - 1: break
+        logits = dec.forward(input_ids.new_tensor(out[-1:]), T + i)
+    t2 = time.perf_counter()
+    model.generate_stats = dict(prompt_tokens=T, prefill_s=t1 - t0, new_tokens=len(out), decode_s=t2 - t1)   # decode_s: new_tokens - 1 forwards
+    return torch.cat([input_ids, input_ids.new_tensor([out])], 1)
+
+def _fast_or_hf(model, hf_generate, inputs=None, **kw):
+    "`model.generate` of a packed model: `fast_generate` for one greedy sequence, transformers' `generate` for anything else."
+    ids = kw.pop('input_ids', inputs)
+    am, gc = kw.get('attention_mask'), model.generation_config
+    greedy = not kw.get('do_sample', gc.do_sample) and kw.get('num_beams', gc.num_beams or 1) == 1
+    plain = (gc.repetition_penalty in (None, 1.0) and not gc.no_repeat_ngram_size and not gc.bad_words_ids
+             and not gc.suppress_tokens and not gc.begin_suppress_tokens)
+    if (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] == 1 and greedy and plain and set(kw) <= _FAST_KW
+            and (am is None or bool(am.all())) and model.__dict__.get('_fast_ok')):
+        return fast_generate(model, ids, kw.get('max_new_tokens') or gc.max_new_tokens or 20, kw.get('min_new_tokens') or 0,
+                             kw.get('eos_token_id'))
+    return hf_generate(ids, **kw) if ids is not None else hf_generate(**kw)
+
+def enable_fast_generate(model) -> bool:
+    "Route `model.generate` through `_fast_or_hf` when `FastDecoder` can run `model`; returns whether it can."
+    model._fast_ok = fast_unsupported(model) is None
+    if model._fast_ok: model.generate = functools.partial(_fast_or_hf, model, type(model).generate.__get__(model))
+    return model._fast_ok
 
 # %% ../nbs/03a_export.ipynb #b070a964
 def _dir_bytes(p: Path) -> int: return sum(f.stat().st_size for f in Path(p).rglob('*') if f.is_file())
@@ -210,70 +361,9 @@ def format_size_report(rep: dict) -> str:
         lines.append(f"on disk                  : {mb(rep['file_bytes'])} = {rep['file_vs_bf16']:.3f} x bf16")
     return '\n'.join(lines)
 
-# %% ../nbs/03a_export.ipynb #0feb5047
-def _gguf_name(hf: str, bid_map) -> str | None:
-    if hf == 'lm_head.weight': return 'output.weight'
-    base, _, suffix = hf.rpartition('.')
-    for sub in ('attn_sub_norm', 'ffn_sub_norm'):
-        if base.endswith(sub):
-            return f"blk.{base.split('.layers.')[1].split('.')[0]}.{sub}.{suffix}"
-    g = bid_map.get_name(base)
-    return None if g is None else f'{g}.{suffix}'
-
-def _write_gguf(pmodel, path: Path, ternary_type: str = 'TQ2_0', name: str = 'wf_nb-bitnet') -> dict:
-    import gguf
-    from gguf.quants import quantize
-    cfg = pmodel.config
-    qt_tern = getattr(gguf.GGMLQuantizationType, ternary_type)
-    nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BITNET, cfg.num_hidden_layers)
-    w = gguf.GGUFWriter(str(path), 'bitnet')
-    w.add_name(name)
-    w.add_context_length(cfg.max_position_embeddings); w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers); w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads); w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(getattr(cfg, 'rope_theta', None) or (cfg.rope_parameters or {}).get('rope_theta', 10000.0)))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps); w.add_vocab_size(cfg.vocab_size)
-    w.add_string('wf_nb.hidden_act', cfg.hidden_act)
-    types, packed_names = {}, {n + '.weight' for n, m in pmodel.named_modules() if isinstance(m, PackedBitLinear)}
-    mods = dict(pmodel.named_modules())
-    sd, _ = _dedup_state(pmodel.state_dict())
-    for k, v in sd.items():
-        if k.endswith('.weight_scale'): continue
-        g = _gguf_name(k, nmap)
-        if g is None: raise ExportError(f"gguf: no llama.cpp bitnet tensor name for {k!r}")
-        if k in packed_names:
-            m = mods[k[:-len('.weight')]]
-            dense = (m.ternary().float() / m.weight_scale.float()).numpy()
-            qt = qt_tern if dense.shape[1] % 256 == 0 else gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(g, quantize(dense, qt), raw_dtype=qt)
-        else:
-            arr = v.float().numpy()
-            qt = gguf.GGMLQuantizationType.F16 if arr.ndim == 2 else gguf.GGMLQuantizationType.F32
-            w.add_tensor(g, arr.astype('float16' if arr.ndim == 2 else 'float32'), raw_dtype=qt)
-        types[g] = qt.name
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    return types
-
-def check_gguf(path, pmodel, rtol: float = 1e-3) -> dict:
-    "Read a GGUF back: every packed layer dequantizes to its ternary weights / s_w (fp16 scale). Returns types."
-    import gguf
-    from gguf.quants import dequantize
-    r = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in r.tensors}
-    nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BITNET, pmodel.config.num_hidden_layers)
-    for n, m in pmodel.named_modules():
-        if not isinstance(m, PackedBitLinear): continue
-        t = tensors[_gguf_name(n + '.weight', nmap)]
-        deq = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).reshape(m.out_features, -1)
-        want = m.ternary().float() / m.weight_scale.float()
-        if not torch.allclose(deq, want, rtol=rtol, atol=0):
-            raise ExportError(f"gguf check: {t.name} ({t.tensor_type.name}) does not read back as the ternary weights")
-        if not torch.equal(torch.sign(deq), m.ternary().float()):
-            raise ExportError(f"gguf check: {t.name} ternary pattern changed")
-    return {t.name: t.tensor_type.name for t in r.tensors}
-
 # %% ../nbs/03a_export.ipynb #67902640
 FORMATS = ('hf-bitnet', 'wf-packed', 'gguf')
+GGUF_MARK = b'wf_nb.hidden_act'   # a key only wf_nb's GGUF writer puts in the header: `--overwrite` may replace that file
 
 def _load_src(src):
     if isinstance(src, nn.Module): return src, None
@@ -290,21 +380,22 @@ def _load_src(src):
         raise ExportError(f"export: loading {p} needs wf_nb.convert.load ({e})") from e
     return load(p), tok
 
-def export_model(src, fmt: str = 'hf-bitnet', out=None, tokenizer=None, overwrite: bool = False, dtype=None,
-                 ternary_type: str = 'TQ2_0') -> dict:
-    "Export `src` (model or checkpoint dir) as a packed ternary checkpoint; returns a report dict."
+def export_model(src, fmt: str = 'hf-bitnet', out=None, tokenizer=None, overwrite: bool = False, dtype='bf16',
+                 ternary_type: str = 'auto', embed_type: str = 'q8_0', allow_float: bool = False) -> dict:
+    "Export `src` (model or checkpoint dir) as a packed ternary checkpoint; returns a report dict (`allow_float`: pack a float model knowingly)."
     if fmt not in FORMATS: raise ExportError(f"export: format {fmt!r} is not one of {', '.join(FORMATS)}")
     if out is None: raise ExportError("export: give an output path (out=DIR, or a .gguf file for fmt='gguf')")
     t0 = time.time()
+    dtype = storage_dtype(dtype)   # directory formats: the stored type of what is not ternary (GGUF: embed_type)
+    gguf_file = fmt == 'gguf' and Path(out).suffix == '.gguf'
+    _check_out(Path(out) if fmt != 'gguf' or gguf_file else Path(out)/'model.gguf', overwrite, src, GGUF_MARK if fmt == 'gguf' else None)
     model, tok = _load_src(src)
     tokenizer = tokenizer or tok
+    if not allow_float and not any(isinstance(m, (BitLinear, PackedBitLinear)) for m in model.modules()):
+        raise ExportError("export: the model has no wf_nb BitLinear layers (a full-precision run or checkpoint); packing it would be "
+                          "naive ternary quantization, which collapses quality. Export a ternary run (Stage 1.9 / 2), or pass "
+                          "allow_float=True (--allow-float) to do it knowingly")
     pm = model if any(isinstance(m, PackedBitLinear) for m in model.modules()) else pack_model(model)
-    if dtype is not None:
-        pm = copy.deepcopy(pm) if pm is model else pm
-        for mod in pm.modules():
-            for k, b in mod._buffers.items():
-                if b is not None and b.is_floating_point(): mod._buffers[k] = b.to(dtype)
-        pm.to(dtype)
     out = Path(out)
     rep = dict(format=fmt)
     if fmt == 'hf-bitnet':
@@ -313,18 +404,20 @@ def export_model(src, fmt: str = 'hf-bitnet', out=None, tokenizer=None, overwrit
             warnings.warn(f"export: not expressible as HF-BitNet ({why}); writing wf_nb's packed format instead")
             fmt = rep['format'] = 'wf-packed'
     if fmt == 'gguf':
-        why = bitnet_unexpressible(pm)
+        from wf_nb.gguf_export import write_gguf, check_gguf, gguf_bits, gguf_unexpressible
+        why = gguf_unexpressible(pm)
         if why: raise ExportError(f"export: gguf writes llama.cpp's bitnet architecture, which cannot hold this model "
                                   f"({why}); use fmt='wf-packed'")
         target = out if out.suffix == '.gguf' else out / 'model.gguf'
-        if target.exists() and not overwrite:
-            raise ExportError(f"{target} already exists: choose another --out or pass overwrite=True (--overwrite)")
+        _check_out(target, overwrite, src, file_mark=GGUF_MARK)
         def write(tmp):
-            _write_gguf(pm, tmp, ternary_type)
+            write_gguf(pm, tmp, tokenizer, ternary_type, embed_type)
             rep['tensor_types'] = check_gguf(tmp, pm)   # checked before it gets its name
+            rep['gguf_bits'] = gguf_bits(tmp)
+            group_readable(tmp)
         atomic_file(target, write, exists='replace')
         out = target
     else:
-        _save_packed(pm, out, fmt, tokenizer=tokenizer, overwrite=overwrite)
+        _save_packed(pm, out, fmt, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
     rep.update(path=str(out), seconds=round(time.time() - t0, 2), **size_report(pm, out))
     return rep

@@ -5,7 +5,11 @@ Prints one table: size on disk and in memory, prefill tokens/s (a 128-token prom
 The ternary model is SmolLM2-135M-Instruct (Q4_1) converted to BitLinear (wf_nb.convert when available, else
 every linear but lm_head swapped for a BitLinear): untrained, so this measures size and speed, not quality.
 
-    python tests/benchmarks/bench_packed.py [--prompt-len 128] [--new-tokens 32] [--reps 5]
+    OMP_NUM_THREADS=1 python tests/benchmarks/bench_packed.py [--prompt-len 128] [--new-tokens 32] [--reps 5] [--threads 1]
+
+Packed rows: transformers' `generate` on the packed model (the reference, `load_packed(..., fast=False)`; what
+`wf generate` ran before issue 32), the same without the cached int8 weights, and wf_nb's fast path
+(`wf_nb.export.FastDecoder`, what `wf_nb.load(dir).generate` and `wf generate` run now).
 """
 import argparse, copy, statistics, sys, tempfile, time
 from pathlib import Path
@@ -79,8 +83,9 @@ def main():
     st, how = ternary_student(fp)
     tmp = Path(tempfile.mkdtemp())
     rep = export_model(st, 'hf-bitnet', tmp / 'packed', tokenizer=tok, dtype=torch.bfloat16)
-    packed = load_packed(tmp / 'packed', dtype=torch.float32)  # fp32 activations / embeddings at run time
-    nocache = load_packed(tmp / 'packed', dtype=torch.float32)
+    packed = load_packed(tmp / 'packed', dtype=torch.float32)  # fp32 activations / embeddings at run time; FastDecoder generate
+    reference = load_packed(tmp / 'packed', dtype=torch.float32, fast=False)   # transformers' generate (before issue 32)
+    nocache = load_packed(tmp / 'packed', dtype=torch.float32, fast=False)
     from wf_nb.kernels import PackedBitLinear
     for m in nocache.modules():
         if isinstance(m, PackedBitLinear): m.cache = False
@@ -88,8 +93,12 @@ def main():
     fp_file = sum(f.stat().st_size for f in fp_dir.glob('*.safetensors'))
     n_params = sum(p.numel() for p in fp.parameters())
     cands = [('FP fp32', fp, fp_file), ('FP bf16', fp_bf16, 2 * n_params),
-             (f"packed W2A8 ({rep['format']})", packed, rep['file_bytes']),
-             ("packed, no int8 cache", nocache, rep['file_bytes'])]
+             (f"packed ({rep['format']}), transformers", reference, rep['file_bytes']),
+             ("packed, no int8 cache", nocache, rep['file_bytes']),
+             (f"packed, wf_nb fast path", packed, rep['file_bytes'])]
+    with torch.no_grad():   # the fast path must generate what the reference generates
+        g = lambda m: m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens, do_sample=False, pad_token_id=0)
+        same = torch.equal(g(packed), g(reference))
     speeds = interleaved_speeds([m for _, m, _ in cands], ids, a.new_tokens, a.reps)
     rows = [(name, disk, state_bytes(m), state_bytes(m) + runtime_extra_bytes(m), pre, dec)
             for (name, m, disk), (pre, dec) in zip(cands, speeds)]
@@ -98,7 +107,7 @@ def main():
           f"median of {a.reps}, models interleaved")
     print(f"packed: {rep['bits_per_linear_weight']:.3f} bits per linear weight, "
           f"{rep['linear_weights']:,} linear weights, {rep['other_params']:,} other params "
-          f"(embeddings bf16 on disk; FP bf16 disk size = 2 bytes/param, computed)")
+          f"(embeddings bf16 on disk; FP bf16 disk size = 2 bytes/param, computed); fast path greedy tokens = reference: {same}")
     hdr = (f"| {'model':<28} | {'disk MiB':>9} | {'weights MiB':>11} | {'runtime MiB':>11} | {'prefill tok/s':>13} "
            f"| {'decode tok/s':>12} |")
     print(hdr); print('|' + '|'.join('-' * (len(c)) for c in hdr.split('|')[1:-1]) + '|')
@@ -106,6 +115,9 @@ def main():
     for name, disk, mem, rt, pre, dec in rows:
         print(f"| {name:<28} | {disk/2**20:9.1f} | {mem/2**20:11.1f} | {rt/2**20:11.1f} | {pre:8.0f} {pre/base[4]:3.1f}x | "
               f"{dec:7.1f} {dec/base[5]:3.1f}x |")
+    ref_row, fast_row = rows[2], rows[4]
+    print(f"before -> after (transformers generate -> wf_nb fast path): prefill {ref_row[4]:.0f} -> {fast_row[4]:.0f} tok/s "
+          f"({fast_row[4] / ref_row[4]:.2f}x), decode {ref_row[5]:.1f} -> {fast_row[5]:.1f} tok/s ({fast_row[5] / ref_row[5]:.2f}x)")
     print("weights MiB = the state dict in memory (fp32 embeddings for the packed rows); runtime MiB adds the cached "
           "unpacked int8 weights (1 byte/weight) that the CPU int8 matmul uses")
 
