@@ -243,7 +243,9 @@ def _run_missing_root(spec: StageSpec, cfg: WFConfig, runs_dir, log) -> dict:
 
 def _find_or_make_parent(spec, cfg, runs_dir, log):
     "(parent output dir, parent run, None) or (None, None, the failed root run's result)."
-    if cfg.training.checkpoint_path: return Path(cfg.training.checkpoint_path), None, None
+    if cfg.training.checkpoint_path:
+        p = Path(cfg.training.checkpoint_path)   # relative: a run's output by its place in the runs folder first (`wf pipeline`)
+        return (Path(runs_dir)/p if not p.is_absolute() and (Path(runs_dir)/p/'config.json').is_file() else p), None, None
     if not spec.parents: return None, None, None
     parent = find_parent(cfg, runs_dir)
     if parent is None:
@@ -273,6 +275,10 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
         raise FileExistsError(f"--out {out} already exists; refusing to overwrite it. Choose a new directory or remove it.")
     if cfg.training.checkpoint_uri:   # a missing bucket or bad credentials fail now, in one line, before any run folder or model
         from wf_nb.remote import check_remote
+        u = cfg.training.checkpoint_uri; local = Path(u.removeprefix('file://')).resolve() if u.startswith('file://') or '://' not in u else None
+        if local and (local == runs_dir.resolve() or runs_dir.resolve() in local.parents):
+            raise ValueError(f"training.checkpoint_uri={cfg.training.checkpoint_uri} lies inside the runs folder {runs_dir}: a backup "
+                             f"there is lost with it. Point it at another disk or a bucket (s3://...)")
         check_remote(cfg.training.checkpoint_uri)
     run = _open(cfg, acc, runs_dir, skip_recovery, lineage)
     if cfg.distributed.gpus and not cfg.training.cost_per_hour:   # price the run by its hardware (after the fingerprint: not part of it)
@@ -353,16 +359,24 @@ def _completed_output(cfg, runs_dir) -> Path | None:
     run = Run(Path(runs_dir or default_runs_dir())/run_id_for(cfg, fingerprint(cfg, git_info()['commit'])))
     return run_output(run) if run.dir.exists() and run.status == 'COMPLETED' else None
 
+def _in_runs(path, runs_dir) -> str:
+    "`path` relative to the runs folder when it lies inside it: the hand-over survives moving the runs folder (same fingerprint)."
+    rd, p = Path(runs_dir or default_runs_dir()).resolve(), Path(path).resolve()
+    return str(p.relative_to(rd)) if rd in p.parents else str(path)
+
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print) -> dict:
     "Stage 1 -> 1.9 -> 2 of one lineage, `tokens` student tokens split `split : 1 - split` between Stages 1.9 and 2."
     split = PIPELINE_SPLIT if split is None else float(split)
     if not 0 <= split < 1: raise ValueError(f"pipeline split {split} must be in [0, 1) (Stage 1.9's share of the tokens)")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 10**16:
+        raise ValueError(f"--tokens {tokens}: give the student tokens of Stages 1.9 + 2, a whole number from 1 to 1e16")
     n19 = int(round(tokens * split))
+    if tokens - n19 < 1: raise ValueError(f"--tokens {tokens} with --split {split} leaves Stage 2 no tokens; give more tokens")
     plan = ([('1.9', n19)] if n19 else []) + [('2', tokens - n19)]
     results, parent = {}, None
     for stage, n in plan:
-        ov = list(overrides) + [f'training.total_tokens={n}'] + ([f'training.checkpoint_path={parent}'] if parent else [])
+        ov = list(overrides) + [f'training.total_tokens={n}'] + ([f'training.checkpoint_path={_in_runs(parent, runs_dir)}'] if parent else [])
         cfg = get_config(ov, stage=stage, model=model)
         done = _completed_output(cfg, runs_dir)
         if done is not None:
