@@ -216,9 +216,24 @@ def merge_requantize(model: nn.Module) -> nn.Module:
 GGUF_LORA_NAMES = {'q_proj': 'attn_q', 'k_proj': 'attn_k', 'v_proj': 'attn_v', 'o_proj': 'attn_output',
                    'gate_proj': 'ffn_gate', 'up_proj': 'ffn_up', 'down_proj': 'ffn_down'}
 
-def export_lora_gguf(adapter_dir, path, arch: str = 'bitnet', overwrite: bool = False) -> dict:
+def _layer_scales(base) -> dict:
+    "`{module name: s}` (the ternary scale, `W ~ codes / s`) of each quantized projection of `base` (a model or a checkpoint folder)."
+    if not isinstance(base, nn.Module):
+        from wf_nb.convert import load
+        base = load(base)
+    out = {}
+    for n, m in base.named_modules():
+        if isinstance(m, BitLinear): out[n] = float(weight_codes(m.weight.detach())[1])
+        elif isinstance(getattr(m, 'weight_scale', None), torch.Tensor): out[n.removesuffix('.base_layer')] = float(m.weight_scale)
+    return out
+
+def export_lora_gguf(adapter_dir, path, base=None, arch: str = 'bitnet', ffn_scale_after_lora: bool = True, overwrite: bool = False) -> dict:
     "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32); returns `{gguf name: shape}`."
     import re, gguf, numpy as np
+    if ffn_scale_after_lora and base is None:
+        raise ValueError("export_lora_gguf: llama.cpp's bitnet graph scales the gate/up LoRA terms by the layer's weight scale; "
+                         "pass base= (the model or folder the adapter was trained on) to undo it, or ffn_scale_after_lora=False")
+    scales = _layer_scales(base) if ffn_scale_after_lora else {}
     from safetensors.torch import load_file
     from wf_nb.io import atomic_file
     adapter_dir, path = Path(adapter_dir), Path(path)
@@ -229,7 +244,10 @@ def export_lora_gguf(adapter_dir, path, arch: str = 'bitnet', overwrite: bool = 
     for k, v in sorted(sd.items()):
         m = re.search(r'\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$', k)
         if m is None or m.group(2) not in GGUF_LORA_NAMES: raise ValueError(f"{adapter_dir}: tensor {k} has no llama.cpp name")
-        tensors[f"blk.{m.group(1)}.{GGUF_LORA_NAMES[m.group(2)]}.weight.lora_{m.group(3).lower()}"] = v.float().numpy()
+        a = v.float().numpy()
+        if ffn_scale_after_lora and m.group(2) in ('gate_proj', 'up_proj') and m.group(3) == 'B':   # llama.cpp: (codes x + BAx) / s
+            a = a * scales[f"model.layers.{m.group(1)}.mlp.{m.group(2)}"]
+        tensors[f"blk.{m.group(1)}.{GGUF_LORA_NAMES[m.group(2)]}.weight.lora_{m.group(3).lower()}"] = a
     def write(tmp):
         w = gguf.GGUFWriter(str(tmp), arch)
         w.add_type(gguf.GGUFType.ADAPTER); w.add_string(gguf.Keys.Adapter.TYPE, 'lora')
