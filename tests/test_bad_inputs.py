@@ -5,6 +5,7 @@ One tiny corpus, one shard folder and one completed Stage 1 -> Stage 2 lineage (
 by every case to keep the file fast."""
 import hashlib, json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
+import numpy as np
 import pytest
 from conftest import bin_path
 
@@ -266,7 +267,7 @@ def test_split_and_validate(same, tmp_path):
     same(*S, '--output-path', tmp_path/'s0', '--val-ratio', '0', code=0)
     assert not (tmp_path/'s0'/'val').exists() and len(list((tmp_path/'s0'/'train').glob('tokens_*'))) == len(list((same.root/'shards').glob('tokens_*')))
     same(*S, '--output-path', same.root/'mine', code=2, has='already exists')
-    same('data', 'validate', '--data-path', tmp_path/'nothing', code=1)
+    same('data', 'validate', '--data-path', tmp_path/'nothing', code=2, has='does not exist')
 
 def test_validate_corrupted_shard(w, tmp_path):
     bad = tmp_path/'shards'; shutil.copytree(w.root/'shards', bad)
@@ -314,3 +315,164 @@ def test_disk_full_during_tokenize(w, tmp_path):
            f"'{w.root/'corpus'}' --output-path '{mnt/'tok'}'")
     r = subprocess.run(['unshare', '-rm', 'sh', '-c', cmd], cwd=w.root, capture_output=True, text=True, timeout=600, env={**os.environ, **ENV})
     assert r.returncode == 4 and 'Traceback' not in r.stderr and 'no space left' in r.stderr, r.stderr[-3000:]
+
+# ---------------------------------------------------------------- issue 34: the commands added since issue 13
+@pytest.fixture
+def wfi(w, capsys, monkeypatch):
+    "Run `wf ARGS` in this process (`wf_nb.cli.main`): a refusal costs no interpreter start (3-5 s); same checks as `W`."
+    from wf_nb.cli import main
+    monkeypatch.chdir(w.root)
+    def run(*args, code=0, has=(), runs=None, env=None):
+        monkeypatch.setenv('WF_RUNS_DIR', str(runs or w.runs))
+        for k, v in {**ENV, **(env or {})}.items(): monkeypatch.setenv(k, v)
+        capsys.readouterr()
+        rc = main(list(map(str, args)))
+        out, err = capsys.readouterr()
+        msg = f"wf {' '.join(map(str, args))} -> {rc}\n--- stdout\n{out[-2000:]}\n--- stderr\n{err[-3000:]}"
+        assert rc == code, msg
+        if code not in (0, 130, 143): assert err.strip().splitlines()[-1].startswith('wf ') and 'error' in err, msg
+        for h in ([has] if isinstance(has, str) else has): assert h in err + out, msg
+        return out + err
+    return run
+
+def bomb(levels=6):
+    "A billion-laughs YAML: `levels` anchors, each nine aliases of the one before (9**levels strings when expanded)."
+    lines = ['a0: &a0 "lol"'] + [f"a{i}: &a{i} [{', '.join([f'*a{i-1}'] * 9)}]" for i in range(1, levels + 1)]
+    return '\n'.join(lines) + f"\ntraining: {{lr: *a{levels}}}\n"
+
+def test_export_overwrite_never_deletes_what_wf_did_not_write(same, wfi, tmp_path):
+    X = ['export', same.s1.name, '--format', 'wf-packed', '--overwrite']
+    wfi(*X, '--out', same.root/'mine', code=2, has='not a wf_nb output')
+    wfi(*X, '--out', same.s1/'final', code=2, has='is the source checkpoint')
+    wfi(*X, '--out', same.s2, code=2, has='is the run')
+    for o in (same.runs, same.root): wfi(*X, '--out', o, code=2, has='contains the source checkpoint')
+    out = tmp_path/'exp'
+    wfi(*X, '--out', out); wfi(*X, '--out', out)                                  # an earlier export is replaced
+    (out/'notes.txt').write_text('mine')
+    wfi(*X, '--out', out, code=2, has='1 file(s) wf_nb did not write (notes.txt)')
+    assert (out/'notes.txt').read_text() == 'mine'
+
+def test_ablate_override_of_the_ablated_key(same, wfi, tmp_path):
+    A = ['ablate', 'haar', '--protocol', 'tiny', '--seeds', '1', '--work-dir', tmp_path/'w', '--report-dir', tmp_path/'r']
+    wfi(*A, 'quant.haar=true', code=2, has='sets quant.haar, which the haar ablation varies')
+    wfi(*A, '--max-steps', '-5', code=2, has='--max-steps -5')
+    assert not list(tmp_path.glob('[wr]/*'))
+
+def test_yaml_bombs_refused(w, wfi, tmp_path):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    (runs/w.s1.name/'config.yaml').write_text(bomb())                             # the parent lookup reads it
+    wfi(*w.s2_args, 'training.max_steps=3', runs=runs, code=2, has=['aliases (*name) are not allowed', str(runs/w.s1.name/'config.yaml')])
+    (tmp_path/'prices.yaml').write_text(bomb().replace('training: {lr:', 'A100: {on_demand:'))
+    wfi('launch', '--backend', 'local', '-m', 'tiny_llama', '--dry-run', '--out', tmp_path/'l', env={'WF_GPU_PRICES': str(tmp_path/'prices.yaml')},
+        code=2, has=['aliases (*name) are not allowed', 'WF_GPU_PRICES'])
+    r = wfi('train', *TINY, 'training.lr=' + 'x' * 100_000, code=2, has='is not a valid float')
+    assert len(r) < 2000                                                           # the value is cut in the message
+
+def test_launch_spec_never_overwritten(same, wfi, tmp_path):
+    L = ['launch', '--backend', 'skypilot', '-m', 'tiny_llama', '--dry-run', '--out', tmp_path/'l']
+    wfi(*L); spec = tmp_path/'l'/'sky.yaml'
+    spec.write_text(spec.read_text() + '# my region\n')                           # hand-edited
+    wfi(*L, code=2, has='already exists')
+    assert spec.read_text().endswith('# my region\n')
+    wfi(*L, '--overwrite'); assert not spec.read_text().endswith('# my region\n')
+    (tmp_path/'u').mkdir(); (tmp_path/'u'/'sky.yaml').write_text('name: mine\n')   # a user's own spec
+    wfi(*L[:-1], tmp_path/'u', '--overwrite', code=2, has='did not write')
+    assert (tmp_path/'u'/'sky.yaml').read_text() == 'name: mine\n'
+
+# ---- issue 34, POOR items, by command (in-process: `wfi`)
+def test_pipeline_bad_inputs(same, wfi, tmp_path):
+    P = ['pipeline', *TINY, f'data.source={same.root/"shards"}']
+    wfi(*P, '--tokens', '0', code=2, has='--tokens 0')
+    wfi(*P, '--tokens', str(10**17), code=2, has='--tokens')
+    wfi('train', '-s', 'pretrain', *TINY, f'data.source={same.root/"shards"}', f'training.checkpoint_uri=file://{same.runs}/backup',
+        code=2, has='inside the runs folder')
+    assert not (same.runs/'backup').exists()
+
+def test_pipeline_survives_moving_the_runs_folder(w, wfi, tmp_path):
+    P = ['pipeline', *TINY, '--tokens', '128', '--split', '0.5', f'data.source={w.root/"shards"}']   # 1.9 hands over to 2
+    wfi(*P, runs=tmp_path/'a'/'runs')
+    (tmp_path/'a'/'runs').rename(tmp_path/'moved')
+    r = wfi(*P, runs=tmp_path/'moved')                        # Stage 2 finds its parent by its place in the runs folder
+    assert 'stage 1.9 already completed' in r and 'stage 2 already completed' in r, r
+
+def test_config_bad_values(same, wfi, tmp_path):
+    for ov, has in (('training.max_steps=1e308', 'training.max_steps'), ('training.seed=-1', 'training.seed'),
+                    ('training.seed=99999999999', 'training.seed')):
+        wfi('config', '-m', 'tiny_llama', ov, code=2, has=has)
+    (tmp_path/'p.yaml').write_text('A100: {on_demand: abc}\n')
+    wfi('launch', '--backend', 'local', '-m', 'tiny_llama', '--dry-run', '--out', tmp_path/'l', env={'WF_GPU_PRICES': str(tmp_path/'p.yaml')},
+        code=2, has=[str(tmp_path/'p.yaml'), 'A100.on_demand'])
+    (tmp_path/'f').write_text('a file')
+    wfi('train', *TINY, '--runs-dir', tmp_path/'f', code=2, has=str(tmp_path/'f'))
+
+@pytest.mark.parametrize('text,has', [('training: 5\n', 'config section training is 5'), ('{training: [', 'not valid wf_nb YAML')])
+def test_damaged_parent_config(w, wfi, tmp_path, text, has):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    (runs/w.s1.name/'config.yaml').write_text(text)
+    wfi(*w.s2_args, 'training.max_steps=3', runs=runs, code=2, has=[has, w.s1.name])   # never a silent new Stage 1
+    assert sorted(p.name for p in runs.iterdir()) == sorted(p.name for p in w.runs.iterdir())
+
+def test_launch_bad_inputs(same, wfi, tmp_path):
+    L = ['launch', '--backend', 'modal', '-m', 'tiny_llama', '--dry-run']
+    r = wfi(*L, '--out', tmp_path/'m', '--secret', 'wandb=s3cr3t', code=2, has='NAME only')
+    assert 's3cr3t' not in r and not (tmp_path/'m').exists()
+    wfi(*L, '--out', tmp_path/'m', '--max-restarts', '-1', code=2, has='--max-restarts -1')
+    (tmp_path/'file').write_text('x')
+    wfi(*L, '--out', tmp_path/'file', code=2, has='is a file')
+
+def test_export_generate_messages(same, wfi, tmp_path):
+    (tmp_path/'m.gguf').write_bytes(b'GGUF' + bytes(60))
+    wfi('generate', tmp_path/'m.gguf', '--prompt', 'x', code=2, has='is a GGUF file')
+    import wf_nb
+    with pytest.raises(ValueError, match='is a GGUF file'): wf_nb.load(tmp_path/'m.gguf')
+    wfi('export', same.root/'corpus', '--out', tmp_path/'e', code=2, has='neither a checkpoint')
+    wfi('export', same.s1.name, '--out', same.s1/'final', code=2, has='is the source checkpoint')
+
+def test_export_float_model_refused(same, wfi, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM                      # a full-precision checkpoint: no BitLinear
+    LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                 num_key_value_heads=2)).save_pretrained(tmp_path/'fp')
+    wfi('export', tmp_path/'fp', '--out', tmp_path/'e', code=2, has='--allow-float')
+    assert not (tmp_path/'e').exists()
+    wfi('export', tmp_path/'fp', '--out', tmp_path/'e', '--format', 'wf-packed', '--allow-float')   # knowingly
+
+def test_eval_flags(same, wfi, tmp_path):
+    E = ['eval', same.s1.name, '--data', same.root/'corpus']
+    for flag, v in (('--limit', '0'), ('--limit', '-1'), ('--stride', '0'), ('--num-fewshot', '-2'), ('--max-tokens', '0')):
+        wfi(*E, flag, v, code=2, has=f'{flag} {v}')
+    (tmp_path/'t.jsonl').write_text('{"text": "a", "label": "x"}\n{"text": "b"}\n')
+    wfi('eval', same.s1.name, '--task', tmp_path/'t.jsonl', code=2, has=f'{tmp_path/"t.jsonl"}:2')
+    wfi('eval', same.s1.name, '--task', 'nosuchtask', code=2, has='shakespeare_genre')
+    (tmp_path/'ids').mkdir(); np.save(tmp_path/'ids'/'a.npy', np.full((2, 16), 10**6, np.int32))
+    wfi('eval', same.s1.name, '--data', tmp_path/'ids', code=2, has='outside the model')
+
+def test_cancel_checks_the_pid_is_the_run(w, wfi, tmp_path):
+    runs = tmp_path/'runs'; shutil.copytree(w.runs, runs)
+    other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])   # has the stored pid now; not the run
+    try:
+        import socket
+        run = runs/w.s2.name; m = json.loads((run/'metadata.json').read_text())
+        (run/'metadata.json').write_text(json.dumps({**m, 'status': 'RUNNING', 'pid': other.pid, 'host': socket.gethostname()}))
+        (run/'.lock').unlink(missing_ok=True)
+        wfi('cancel', w.s2.name, runs=runs, code=0, has='nothing signalled')
+        time.sleep(0.2); assert other.poll() is None
+    finally: other.kill(); other.wait()
+
+def test_api_bad_inputs(w, tmp_path, monkeypatch):
+    import wf_nb
+    with pytest.raises(KeyError, match='no run'): wf_nb.wait('nosuchrun', runs_dir=tmp_path/'runs')
+
+def test_data_text_and_validate(same, wfi, tmp_path):
+    src = tmp_path/'src'; src.mkdir()
+    (src/'unix.txt').write_bytes(b'To be, or not to be\nthat is the question\n' * 20)
+    (tmp_path/'crlf').mkdir(); (tmp_path/'crlf'/'unix.txt').write_bytes(b'\xef\xbb\xbf' + (src/'unix.txt').read_bytes().replace(b'\n', b'\r\n'))
+    T = ['data', 'tokenize', '-m', 'tiny_llama', '--source']
+    wfi(*T, src, '--output-path', tmp_path/'a'); wfi(*T, tmp_path/'crlf', '--output-path', tmp_path/'b')
+    ta, tb = (np.concatenate([np.load(f) for f in sorted((tmp_path/x).glob('tokens_*.npy'))]) for x in 'ab')
+    assert np.array_equal(ta, tb)                                                         # CRLF and BOM change nothing
+    (src/'more').symlink_to(tmp_path/'crlf'); (src/'gone.txt').symlink_to(tmp_path/'nowhere.txt')
+    r = wfi(*T, src, '--output-path', tmp_path/'c', has='gone.txt is a broken link')
+    assert json.loads((tmp_path/'c'/'manifest.json').read_text())['n_docs'] == 2         # the linked folder is read
+    man = tmp_path/'a'/'manifest.json'; mj = json.loads(man.read_text()); mj['n_docs'] += 5; man.write_text(json.dumps(mj))
+    wfi('data', 'validate', '--data-path', tmp_path/'a', code=1, has='manifest n_docs')
+    wfi('data', 'validate', '--data-path', tmp_path/'nothing', code=2, has='does not exist')
