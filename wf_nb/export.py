@@ -224,9 +224,18 @@ class _Proj:
         if self.b is not None: y += self.b
         return y.to(out_dtype)
 
+def _fp16_head(lin: nn.Linear):
+    "The lm_head prepacked for fbgemm's fp16-weight linear (fp32 in and out: fp32 rounding, half the bytes read), if its weight is fp16-exact."
+    w = lin.weight.detach().float()
+    if (w.half().float() - w).abs().max() > 6e-8: return None   # a bf16 export's weights are, up to fp16's subnormals; fp32 ones are not
+    try: return torch.ops.quantized.linear_prepack_fp16(w, None if lin.bias is None else lin.bias.detach().float())
+    except (RuntimeError, AttributeError): return None   # a build without fbgemm: the fp32 lm_head
+
 def fast_unsupported(model) -> str | None:
     "Why `FastDecoder` cannot run `model` (None if it can): a packed BitNet-architecture model without Haar or per-layer norms."
     if getattr(getattr(model, 'config', None), 'model_type', None) != 'bitnet': return "its model_type is not 'bitnet'"
+    dev = next(model.parameters()).device
+    if dev.type != 'cpu': return f"it is on {dev} (the fast path is for CPU; on GPUs transformers' generate runs the Triton kernels)"
     for layer in model.model.layers:
         for m in (*[getattr(layer.self_attn, n) for n in ('q_proj', 'k_proj', 'v_proj', 'o_proj')],
                   *[getattr(layer.mlp, n) for n in ('gate_proj', 'up_proj', 'down_proj')]):
@@ -250,6 +259,7 @@ class FastDecoder:
                             qkv=_Proj([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]), o=_Proj([l.self_attn.o_proj]),
                             gu=_Proj([l.mlp.gate_proj, l.mlp.up_proj]), down=_Proj([l.mlp.down_proj])) for l in model.model.layers]
         self.scale, self.cache_len = model.model.layers[0].self_attn.scaling, 0
+        self.head = _fp16_head(model.lm_head) if self.dtype == torch.float32 else None
 
     def _alloc(self, n: int):
         "A static KV cache of `n` positions and RoPE tables for them (transformers' own rotary embedding)."
@@ -274,7 +284,8 @@ class FastDecoder:
             h = h + L['o'](_rms(a[0].transpose(0, 1).reshape(T, H * D), L['sub1'], self.eps), dt)
             g, u = L['gu'](_rms(h, L['ln2'], self.eps), dt).split(L['gu'].split, -1)
             h = h + L['down'](_rms(L['act'](g) * u, L['sub2'], self.eps), dt)
-        return self.model.lm_head(self.model.model.norm(h[-1:]))[0]
+        x = self.model.model.norm(h[-1:])
+        return (self.model.lm_head(x) if self.head is None else torch.ops.quantized.linear_dynamic_fp16(x, self.head))[0]
 
 # %% ../nbs/03a_export.ipynb #fa5a0004
 def context_error(model, prompt_len: int, max_new_tokens: int) -> str | None:
@@ -289,7 +300,7 @@ _FAST_KW = {'attention_mask', 'max_new_tokens', 'min_new_tokens', 'do_sample', '
 
 @torch.inference_mode()
 def fast_generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, min_new_tokens: int = 0, eos_token_id=None):
-    "Greedy generation with `FastDecoder` (built on first use): the prompt and its continuation `[1, T + new]`, as transformers' `generate`."
+    "Greedy generation with `FastDecoder` (built on first use; it copies the weights: rebuild it, `del model._fast_decoder`, after changing them)."
     dec = model.__dict__.get('_fast_decoder') or model.__dict__.setdefault('_fast_decoder', FastDecoder(model))
     T = input_ids.shape[1]
     why = context_error(model, T, max_new_tokens)
@@ -317,7 +328,7 @@ def _fast_or_hf(model, hf_generate, inputs=None, **kw):
     plain = (gc.repetition_penalty in (None, 1.0) and not gc.no_repeat_ngram_size and not gc.bad_words_ids
              and not gc.suppress_tokens and not gc.begin_suppress_tokens)
     if (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] == 1 and greedy and plain and set(kw) <= _FAST_KW
-            and (am is None or bool(am.all())) and model.__dict__.get('_fast_ok')):
+            and (am is None or bool(am.all())) and model.__dict__.get('_fast_ok') and fast_unsupported(model) is None):
         return fast_generate(model, ids, kw.get('max_new_tokens') or gc.max_new_tokens or 20, kw.get('min_new_tokens') or 0,
                              kw.get('eos_token_id'))
     return hf_generate(ids, **kw) if ids is not None else hf_generate(**kw)
