@@ -54,9 +54,11 @@ def read_json(path):
     return json.loads(Path(path).read_text())
 
 def write_yaml(path, obj, fsync: bool = True) -> Path:
-    "Atomically write plain data `obj` as YAML (keys in their order)."
+    "Atomically write plain data `obj` as YAML (keys in their order; a shared object written out again, never as an alias `read_yaml` refuses)."
     import yaml
-    return atomic_write_text(path, yaml.safe_dump(obj, sort_keys=False), fsync=fsync)
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data): return True
+    return atomic_write_text(path, yaml.dump(obj, Dumper=Dumper, sort_keys=False), fsync=fsync)
 
 # %% ../nbs/00_io.ipynb #b19195a0
 YAML_MAX_BYTES = 4 << 20   # a config or price table is a few KiB
