@@ -476,3 +476,8 @@ def test_data_text_and_validate(same, wfi, tmp_path):
     man = tmp_path/'a'/'manifest.json'; mj = json.loads(man.read_text()); mj['n_docs'] += 5; man.write_text(json.dumps(mj))
     wfi('data', 'validate', '--data-path', tmp_path/'a', code=1, has='manifest n_docs')
     wfi('data', 'validate', '--data-path', tmp_path/'nothing', code=2, has='does not exist')
+    wfi('data', 'split', '--data-path', same.root/'shards', '--output-path', tmp_path/'s', '--val-ratio', '0')
+    f = next((tmp_path/'s'/'train').glob('tokens_*.npy')); (tmp_path/'gone.npy').write_bytes(f.read_bytes())
+    f.unlink(); f.symlink_to(tmp_path/'gone.npy'); (tmp_path/'gone.npy').unlink()   # a split across filesystems links; its source deleted
+    r = wfi('data', 'validate', '--data-path', tmp_path/'s', code=1)
+    assert 'is a link to' in r and 'split again' in r, r
