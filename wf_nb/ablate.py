@@ -169,7 +169,7 @@ def score_arm(chain: dict, ablation: str, arm: str, seed: int, protocol: str = '
         out = Path(s2['run_dir'])/'export'
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter('always')
-            rep = export_model(s2['output'], 'hf-bitnet', out=out) if not is_packed_dir(out) else json.loads((out/'wf_packed.json').read_text())
+            rep = export_model(s2['output'], 'hf-bitnet', out=out, dtype='fp32') if not is_packed_dir(out) else json.loads((out/'wf_packed.json').read_text())
         res['export_format'] = rep['format']
         res['export_note'] = '; '.join(str(x.message) for x in w)
         res['packed_ppl'] = heldout_perplexity(load_packed(out).to(dev), cfg, tok, eval_tokens)['perplexity']
