@@ -1,0 +1,156 @@
+"""Running a ternary SmolLM2 student, side by side on this machine: file size, peak RSS, prefill and decode tokens/s,
+perplexity on held-out text, at 1 and 2 threads.
+
+Rows: the FP model in transformers (fp32, bf16); the student in wf_nb (`wf_nb.load(packed_dir).generate`), in stock
+transformers (the packed hf-bitnet export), and in llama.cpp (npm node-llama-cpp 3.21.1's prebuilt CPU build, via
+tests/llamacpp/llamacpp.mjs): our ternary GGUF (default: TQ2_0, hidden width padded 576 -> 768; and Q2_0 unpadded),
+and the FP model's F16 / Q8_0 / Q4_0 GGUFs written by `wf_nb.gguf_export.write_fp_gguf`.
+Every row runs in its own process (its own peak RSS); greedy decoding of --new tokens after a --prompt-token prompt.
+
+    python tests/benchmarks/bench_infer.py --student CKPT_DIR [--threads 1 2] [--out table.md]
+
+CKPT_DIR: a wf_nb student checkpoint (e.g. `wf train ... --out DIR`); without it, the untrained Stage-1 conversion
+is used (fine for speed and size, not for perplexity).
+"""
+import argparse, json, math, os, re, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_SCRIPT = ROOT / 'tests' / 'llamacpp' / 'llamacpp.mjs'
+REPEAT = int(os.environ.get('WF_BENCH_REPEAT', 3))   # speeds: best of this many runs
+
+
+def held_out_ids(tok, n):
+    "Held-out prose: the end of the last Shakespeare file (Stage 2's data loader reads files from the start)."
+    from wf_nb.assets import shakespeare_files
+    return tok(shakespeare_files()[-1].read_text()[-60000:]).input_ids[:n]
+
+
+def prepare(student, work: Path, tok):
+    "Write every file the rows read (once); returns {row name: path}."
+    import torch
+    from wf_nb.assets import load_fp_model
+    from wf_nb.config import get_config
+    from wf_nb.export import export_model
+    from wf_nb.gguf_export import write_fp_gguf
+    work.mkdir(parents=True, exist_ok=True)
+    mc = get_config(model='smollm2_135m').model
+    fp = load_fp_model(mc)
+    if student is None:
+        from wf_nb.convert import convert, save_model
+        student = work / 'stage1'
+        if not student.exists(): save_model(convert(fp, get_config().quant), tok, student)
+    paths = dict(fp=work / 'fp')
+    if not paths['fp'].exists(): fp.save_pretrained(paths['fp']); tok.save_pretrained(paths['fp'])
+    for fmt in ('wf-packed', 'hf-bitnet'):
+        paths[fmt] = work / fmt
+        if not paths[fmt].exists(): export_model(student, fmt, paths[fmt], dtype=torch.bfloat16)
+    for tt in ('auto', 'q2_0'):
+        paths[f'gguf-{tt}'] = work / f'student-{tt}.gguf'
+        if not paths[f'gguf-{tt}'].exists(): export_model(student, 'gguf', paths[f'gguf-{tt}'], tokenizer=tok, ternary_type=tt)
+    for wt in ('f16', 'q8_0', 'q4_0'):
+        paths[f'fp-{wt}'] = work / f'fp-{wt}.gguf'
+        if not paths[f'fp-{wt}'].exists(): write_fp_gguf(fp, paths[f'fp-{wt}'], tok, wt)
+    return paths
+
+
+def size_mib(p: Path) -> float:
+    return (p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob('*.safetensors'))) / 2**20
+
+
+def torch_row(kind, path, threads, ids, prompt, new):
+    "Prefill/decode tokens/s and perplexity of a transformers-style model (runs in this process)."
+    import torch
+    torch.set_num_threads(threads)
+    if kind.startswith('fp'):
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if kind == 'fp-bf16' else torch.float32).eval()
+    elif kind == 'wf_nb':
+        import wf_nb
+        model = wf_nb.load(path).eval()
+    else:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+    x = torch.tensor([ids[:prompt]])
+    with torch.inference_mode():
+        pre = dec = 0.0
+        kw = dict(do_sample=False, attention_mask=torch.ones_like(x), pad_token_id=0)
+        for _ in range(REPEAT):   # best of REPEAT: the machine is shared, other processes only ever slow a run down
+            t0 = time.perf_counter(); model(x); pre = max(pre, prompt / (time.perf_counter() - t0))
+            t0 = time.perf_counter(); model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw); t1 = time.perf_counter() - t0
+            t0 = time.perf_counter(); out = model.generate(x, max_new_tokens=new, min_new_tokens=new, **kw); tn = time.perf_counter() - t0
+            dec = max(dec, (out.shape[1] - prompt - 1) / max(tn - t1, 1e-9))
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        nll = -lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean().item()
+    return dict(prefill_tps=pre, decode_tps=dec, ppl=math.exp(nll), rss_mib=vm_hwm_mib())
+
+
+def vm_hwm_mib() -> float:
+    "This process's peak RSS (VmHWM: reset at exec, unlike getrusage's ru_maxrss, which a child inherits from its parent)."
+    return int(re.search(r'VmHWM:\s+(\d+) kB', Path('/proc/self/status').read_text()).group(1)) / 1024
+
+
+def llama_row(path, threads, ids, prompt, new):
+    "The same numbers from llama.cpp (a node process)."
+    req = dict(model=str(path), threads=threads, ctx=1024,
+               ops=[dict(op='bench', tokens=ids[:prompt], n=new + 1)] * REPEAT + [dict(op='logprobs', tokens=ids)])
+    r = subprocess.run(['node', str(NODE_SCRIPT)], input=json.dumps(req), capture_output=True, text=True, timeout=1800)
+    if r.returncode: raise SystemExit(f"llama.cpp failed on {path}: {r.stderr[-2000:]}")
+    out = json.loads(r.stdout)
+    bs, lp = out['results'][:-1], out['results'][-1]['logprobs']
+    return dict(prefill_tps=max(b['prefill_tps'] for b in bs), decode_tps=max(b['decode_tps'] for b in bs),
+                ppl=math.exp(-sum(lp) / len(lp)), rss_mib=out['max_rss_mb'])
+
+
+ROWS = [  # (row label, runtime, key of the file it reads, how)
+    ('FP SmolLM2, fp32', 'transformers', 'fp', 'fp-fp32'), ('FP SmolLM2, bf16', 'transformers', 'fp', 'fp-bf16'),
+    ('ternary student, wf-packed (bf16)', 'wf_nb', 'wf-packed', 'wf_nb'),
+    ('ternary student, hf-bitnet (bf16)', 'transformers', 'hf-bitnet', 'hf'),
+    ('ternary student GGUF, TQ2_0 (padded 768) + Q8_0 emb.', 'llama.cpp', 'gguf-auto', 'llama'),
+    ('ternary student GGUF, Q2_0 + Q8_0 emb.', 'llama.cpp', 'gguf-q2_0', 'llama'),
+    ('FP SmolLM2 GGUF, F16', 'llama.cpp', 'fp-f16', 'llama'), ('FP SmolLM2 GGUF, Q8_0', 'llama.cpp', 'fp-q8_0', 'llama'),
+    ('FP SmolLM2 GGUF, Q4_0 (Q8_0 emb.)', 'llama.cpp', 'fp-q4_0', 'llama')]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--student', type=Path, help='wf_nb student checkpoint dir (default: untrained Stage-1 conversion)')
+    ap.add_argument('--work', type=Path, default=Path('/tmp/wf_bench_infer'), help='exports are written here (reused)')
+    ap.add_argument('--threads', type=int, nargs='+', default=[1, 2]); ap.add_argument('--prompt', type=int, default=128)
+    ap.add_argument('--new', type=int, default=64, help='generated tokens (hf-bitnet rows: 8, it is ~100x slower)')
+    ap.add_argument('--ppl-tokens', type=int, default=256); ap.add_argument('--out', type=Path)
+    ap.add_argument('--repeat', type=int, default=3, help='speeds are the best of this many runs')
+    ap.add_argument('--only', help='substring of the row labels to run'); ap.add_argument('--row', help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.row:   # one row in this process (its own peak RSS: no tokenizer or FP model loaded here): print its JSON
+        label, rt, key, how = next(r for r in ROWS if r[0] == a.row)
+        path, t, ids = json.loads(os.environ['WF_BENCH_PATHS'])[key], a.threads[0], json.loads(os.environ['WF_BENCH_IDS'])
+        new = 8 if how == 'hf' else a.new
+        res = llama_row(path, t, ids, a.prompt, new) if how == 'llama' else torch_row(how, path, t, ids, a.prompt, new)
+        print(json.dumps(res)); return
+    from wf_nb.assets import load_tokenizer
+    from wf_nb.config import get_config
+    tok = load_tokenizer(get_config(model='smollm2_135m').model)
+    ids = held_out_ids(tok, a.ppl_tokens)
+    paths = {k: str(v) for k, v in prepare(a.student, a.work, tok).items()}
+    lines = [f"| runtime | model | threads | file MiB | peak RSS MiB | prefill tok/s | decode tok/s | perplexity |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in a.threads:
+        for label, rt, key, how in ROWS:
+            if a.only and a.only not in label: continue
+            r = subprocess.run([sys.executable, __file__, '--row', label, '--threads', str(t), '--prompt', str(a.prompt), '--new', str(a.new),
+                                '--ppl-tokens', str(a.ppl_tokens)], capture_output=True, text=True,
+                               env={**os.environ, 'WF_BENCH_PATHS': json.dumps(paths), 'WF_BENCH_IDS': json.dumps(ids), 'OMP_NUM_THREADS': str(t),
+                                    'WF_BENCH_REPEAT': str(a.repeat)})
+            if r.returncode: print(f"{label}: failed\n{r.stderr[-2000:]}", file=sys.stderr); continue
+            d = json.loads(r.stdout.strip().splitlines()[-1])
+            lines.append(f"| {rt} | {label} | {t} | {size_mib(Path(paths[key])):.1f} | {d['rss_mib']:.0f} | {d['prefill_tps']:.1f} | "
+                         f"{d['decode_tps']:.1f} | {d['ppl']:.1f} |")
+            print(lines[-1], flush=True)
+    table = '\n'.join(lines)
+    print(f"\nprompt {a.prompt} tokens, {a.new} generated (hf-bitnet: 8), best of {a.repeat}; perplexity on {len(ids)} held-out tokens\n{table}")
+    if a.out: a.out.write_text(table + '\n')
+
+
+if __name__ == '__main__':
+    main()
