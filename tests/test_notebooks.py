@@ -8,7 +8,7 @@ Each executed notebook is kept in the docs cache (docs/_cache/, by content hash:
 built after this test (tests/test_docs.py, ordered last by conftest.py) shows the outputs without running anything
 again. The notebooks other tests already run in a kernel, with the parameters those tests need, are listed in
 ELSEWHERE and not run again here; the test output lists every notebook and where it ran."""
-import importlib.util, json, re, time
+import contextlib, importlib.util, json, re, time
 from pathlib import Path
 import pytest
 from conftest import ROOT
@@ -43,14 +43,15 @@ def stream_text(nb: dict, name: str = 'stderr') -> str:
 def _listing(request):
     "Print every notebook and where it ran in a kernel (this test, with cells run and seconds, or another test)."
     yield
-    tr = request.config.pluginmanager.get_plugin('terminalreporter')
+    tr, cap = (request.config.pluginmanager.get_plugin(n) for n in ('terminalreporter', 'capturemanager'))
     if tr is None: return
-    tr.write_sep('-', f'notebooks in a Jupyter kernel ({len(ALL)})')
-    for p in ALL:
-        row = next((r for r in _ROWS if r[0] == p), None)
-        if p in ELSEWHERE: tr.write_line(f'  {p:40s} in {ELSEWHERE[p]}')
-        elif row: tr.write_line(f'  {p:40s} {row[1]:6s} {row[2]:3d} cells run, skipped {row[3] or "none"}, {row[4]:.0f} s')
-        else: tr.write_line(f'  {p:40s} not run')
+    with cap.global_and_fixture_disabled() if cap else contextlib.nullcontext():   # shown whatever the capture mode
+        tr.write_sep('-', f'notebooks in a Jupyter kernel ({len(ALL)})')
+        for p in ALL:
+            row = next((r for r in _ROWS if r[0] == p), None)
+            if p in ELSEWHERE: tr.write_line(f'  {p:40s} in {ELSEWHERE[p]}')
+            elif row: tr.write_line(f'  {p:40s} {row[1]:6s} {row[2]:3d} cells run, skipped {row[3] or "none"}, {row[4]:.0f} s')
+            else: tr.write_line(f'  {p:40s} not run')
 
 def test_every_notebook_is_covered():
     "Each notebook under nbs/ and papermill_runs/ runs here or in the test ELSEWHERE names (which really runs it)."
