@@ -481,3 +481,18 @@ def test_data_text_and_validate(same, wfi, tmp_path):
     f.unlink(); f.symlink_to(tmp_path/'gone.npy'); (tmp_path/'gone.npy').unlink()   # a split across filesystems links; its source deleted
     r = wfi('data', 'validate', '--data-path', tmp_path/'s', code=1)
     assert 'is a link to' in r and 'split again' in r, r
+
+def test_api_second_train_of_a_starting_run_refused(tmp_path, monkeypatch):
+    "A second wf_nb.train of a config whose background process this kernel is still starting (no lock on disk yet) is refused, not 'started' again."
+    import wf_nb.jupyter as J
+    from wf_nb.runs import RunExistsError
+    args = dict(model='tiny_llama', stage='1', overrides=['data.seq_len=32'], runs_dir=tmp_path/'runs')
+    rid = J._resolve(args['model'], args['stage'], None, args['overrides'])[2]
+    class Starting:                       # a `wf train` process still importing: alive, no lock yet
+        pid = 4242
+        def poll(self): return None
+    spawned = []
+    monkeypatch.setitem(J._PROCS, rid, Starting())
+    monkeypatch.setattr(J, '_spawn', lambda *a, **k: spawned.append(a))
+    with pytest.raises(RunExistsError, match='already running'): J.train(**args)
+    assert not spawned
