@@ -2,7 +2,7 @@
 
     python docs/build.py                     # execute the notebooks (cached), render every page into docs/_site/
     python docs/build.py --execute none      # prose, code and API reference only (outputs from the cache where present)
-    python docs/build.py --execute 00a_config,06_train     # execute only these (the others: cache or no outputs)
+    python docs/build.py --execute 00a_config,06_trainer     # execute only these (the others: cache or no outputs)
     python docs/build.py --renderer quarto   # nbdev's own `nbdev_docs` (Quarto); the default when `quarto` is on PATH
 
 The pages come out of nbdev's own notebook processing: `nbdev.process.NBProcessor` with nbdev's docs processors

@@ -1,7 +1,7 @@
 """Tiny training script for tests/test_multiprocess.py: run it plainly (1 process) or under
 `accelerate launch --num_processes N --cpu` / `torchrun` (N processes, gloo).
 
-It trains `tiny_llama` with `wf_nb.train.Trainer` on a deterministic in-memory stream sharded by rank. The stream's
+It trains `tiny_llama` with `wf_nb.trainer.Trainer` on a deterministic in-memory stream sharded by rank. The stream's
 position counts *global* rows (like `wf_nb.stream.TokenStream`), so the union of the ranks' batches at step t equals
 the 1-process batch at step t when `batch_size * world_size` is the same, and a checkpoint's data state is valid
 at any world size. `--die-at STEP` makes every rank SIGKILL itself while computing step STEP+1 (a crash with no
@@ -43,7 +43,7 @@ def main(argv=None):
     from accelerate import Accelerator
     from wf_nb.config import get_config
     from wf_nb.assets import load_fp_model
-    from wf_nb.train import Trainer, Callback, is_fsdp
+    from wf_nb.trainer import Trainer, Callback, is_fsdp
     cfg = get_config([f'training.max_steps={a.max_steps}', f'training.batch_size={a.batch_size}', 'training.lr=5e-3',
                       f'training.save_interval={a.save_interval}', 'training.warmup_steps=0', 'training.spike_factor=0',
                       'logging.interval=1', 'logging.progress=false', 'logging.wandb_mode=disabled', 'data.seq_len=32',

@@ -35,7 +35,7 @@ def _ablate(d, *extra):
 def test_tiny_ablation_end_to_end_and_resume(tmp_path):
     d = tmp_path
     from wf_nb.assets import shakespeare_files
-    from wf_nb.runs import Run, lineage_parent, run_output
+    from wf_nb.registry import Run, lineage_parent, run_output
     text = Path(shakespeare_files()[0]).read_text()[:56000]
     (d/'docs').mkdir()
     for i in range(8): (d/'docs'/f'd{i}.txt').write_text(text[i * 7000:(i + 1) * 7000])

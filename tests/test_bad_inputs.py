@@ -104,10 +104,10 @@ def test_run_name_cannot_escape(w, tmp_path):
 
 def test_run_locked_by_another_process(w, tmp_path):
     from wf_nb.config import get_config, fingerprint
-    from wf_nb.runs import run_id_for
+    from wf_nb.registry import run_id_for
     cfg = get_config(TINY[2:], stage='1', model='tiny_llama')
     rdir = tmp_path/'runs'/run_id_for(cfg, fingerprint(cfg))              # the commit of wf_nb's checkout, as `wf` computes it
-    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from wf_nb.runs import lock_run; lock_run(sys.argv[1]); '
+    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from wf_nb.registry import lock_run; lock_run(sys.argv[1]); '
                                'print("ok", flush=True); time.sleep(120)', str(rdir)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == 'ok'
@@ -301,7 +301,7 @@ def test_disk_full_during_checkpoint(w, tmp_path):
     mnt = tmp_path/'full'; mnt.mkdir()
     r = _in_tmpfs(w, mnt, 'size=60m', 'train', '-s', 'pretrain', *TINY, 'training.max_steps=50', 'training.save_interval=1',
                   'training.keep_last=100', f'data.source={w.root/"shards"}',
-                  after=f"'{sys.executable}' -c \"from wf_nb.train import list_checkpoints, verify_checkpoint; import glob; "
+                  after=f"'{sys.executable}' -c \"from wf_nb.trainer import list_checkpoints, verify_checkpoint; import glob; "
                         f"c = list_checkpoints(glob.glob('{mnt}/runs/*')[0]); verify_checkpoint(c[-1]); print('VERIFIED', len(c), c[-1].name)\"")
     last = [l for l in r.stderr.strip().splitlines() if l.startswith('wf train:')]
     assert r.returncode == 4 and 'Traceback' not in r.stderr and last and 'no space left on device' in last[-1], r.stderr[-3000:]
@@ -485,7 +485,7 @@ def test_data_text_and_validate(same, wfi, tmp_path):
 def test_api_second_train_of_a_starting_run_refused(tmp_path, monkeypatch):
     "A second wf_nb.train of a config whose background process this kernel is still starting (no lock on disk yet) is refused, not 'started' again."
     import wf_nb.jupyter as J
-    from wf_nb.runs import RunExistsError
+    from wf_nb.registry import RunExistsError
     args = dict(model='tiny_llama', stage='1', overrides=['data.seq_len=32'], runs_dir=tmp_path/'runs')
     rid = J._resolve(args['model'], args['stage'], None, args['overrides'])[2]
     class Starting:                       # a `wf train` process still importing: alive, no lock yet

@@ -36,7 +36,7 @@ def _cfg(d, *extra, base='s1'):
 
 def test_stage3_lora_trains_saves_and_resumes(bases):
     from wf_nb.stages import run_stage
-    from wf_nb.runs import Run
+    from wf_nb.registry import Run
     from wf_nb.lora import is_adapter_dir, load_adapter
     runs = bases/'runs'
     res = run_stage(_cfg(bases), runs, log=lambda *a, **k: None)

@@ -1,12 +1,12 @@
 """Multi-process training on 2 CPU processes (gloo), end to end: `accelerate launch` / `torchrun` of
-tests/mp_train.py, which trains tiny_llama with wf_nb.train.Trainer on a rank-sharded deterministic stream.
+tests/mp_train.py, which trains tiny_llama with wf_nb.trainer.Trainer on a rank-sharded deterministic stream.
 
 (a) 2 processes at batch b == 1 process at batch 2b (same global batch, same rows), loss per step;
 (b) a 2-process run whose processes are SIGKILLed mid-run resumes from its last checkpoint and ends with the
     per-step losses of the uninterrupted run;
 (c) a checkpoint written at world size 2 reloads at world size 1 and continues with the same losses;
 (d) `wf cancel` (SIGINT to rank 0 only) stops every rank cleanly with a checkpoint, and the run resumes exactly;
-(e) the same with FSDP2 (`distributed.strategy=fsdp`, sharded by `wf_nb.train.shard_model` on CPU): 2 sharded
+(e) the same with FSDP2 (`distributed.strategy=fsdp`, sharded by `wf_nb.trainer.shard_model` on CPU): 2 sharded
     processes match 1 process, a killed sharded run resumes exactly, its checkpoint reloads unsharded at world size
     1, and a DDP checkpoint reloads into a sharded run;
 (f) the compiled ternary model with gradient accumulation, sharded over 2 processes, matches 1 process.

@@ -66,8 +66,8 @@ def test_one_file_writer():
 def test_the_checker_sees_a_back_edge(tmp_path):
     "The import parser finds relative, absolute and function-level imports (else the order test could pass vacuously)."
     p = tmp_path / 'x.py'
-    p.write_text("from .config import A\nimport wf_nb.train as t\ndef f():\n    from wf_nb import stages\n    from . import io\n")
-    assert sorted(m for m, _ in wf_imports(p)) == ['config', 'io', 'stages', 'train']
+    p.write_text("from .config import A\nimport wf_nb.trainer as t\ndef f():\n    from wf_nb import stages\n    from . import io\n")
+    assert sorted(m for m, _ in wf_imports(p)) == ['config', 'io', 'stages', 'trainer']
 
 
 def test_exported_cells_are_short():

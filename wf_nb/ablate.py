@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from .config import get_config, fingerprint, git_info
 from .io import shorten
-from .runs import Run, default_runs_dir, run_id_for, run_output, lineage_parent
+from .registry import Run, default_runs_dir, run_id_for, run_output, lineage_parent
 
 # %% auto #0
 __all__ = ['ABLATIONS', 'PROTOCOLS', 'STAGES_OF_ARM', 'T95', 'METRICS', 'arm_configs', 'ablated_keys', 'check_overrides',

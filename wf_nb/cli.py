@@ -198,7 +198,7 @@ def resolve_checkpoint(ref: str, runs_dir=None) -> Path:
     if p.is_dir() and not (p/'metadata.json').exists():
         raise FileNotFoundError(f"{p} is a folder but neither a checkpoint (no config.json) nor a run (no metadata.json); "
                                 f"give a run id (`wf runs` lists them), a run folder or a checkpoint folder")
-    from wf_nb.runs import get_run, Run, run_output
+    from wf_nb.registry import get_run, Run, run_output
     run = Run(p) if (p/'metadata.json').exists() else get_run(ref, runs_dir)
     out = run_output(run)
     if not (out/'config.json').exists():
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         return code
     except Exception as e:
         if debug: raise
-        from wf_nb.runs import RunExistsError
+        from wf_nb.registry import RunExistsError
         if isinstance(e, RunExistsError) and e.status == 'COMPLETED':
             print(f"wf {cmd}: {e}", file=sys.stderr); return 0      # nothing to do
         if isinstance(e, RunExistsError): return fail(e, 1)
@@ -303,7 +303,7 @@ def _train_exit(res) -> int:
     st = res.get('status')
     if st == 'COMPLETED': return 0
     if st == 'INTERRUPTED':
-        from wf_nb.train import _Stop
+        from wf_nb.trainer import _Stop
         sig = getattr(_Stop, 'last_signal', None)
         return 128 + int(sig) if sig else 3
     return 1
@@ -353,13 +353,13 @@ def _cmd_train(a) -> int:
         from wf_nb.gpus import parse_gpus
         cfg.distributed.gpus = '%s:%d' % parse_gpus(a.gpus)
     if a.out and not a.skip_recovery and (done := _completed_run(cfg, a.runs_dir)) is not None:
-        from wf_nb.runs import copy_output   # --out on a finished run: hand over its output, nothing is retrained
+        from wf_nb.registry import copy_output   # --out on a finished run: hand over its output, nothing is retrained
         out = copy_output(done, a.out)
         print(f"wf train: run {done.id} already COMPLETED; copied its output to {out}", file=sys.stderr); return 0
     from wf_nb.launch import maybe_relaunch, node_layout
     nodes = node_layout(a.nnodes, a.node_rank, a.master_addr, a.master_port)
     if (rc := maybe_relaunch(cfg, a.argv, nodes=nodes)) is not None: return rc  # re-run under `accelerate launch`
-    from wf_nb.train import _Stop
+    from wf_nb.trainer import _Stop
     _Stop.last_signal = None
     res = run_stage(cfg, runs_dir=a.runs_dir, out=a.out, skip_recovery=a.skip_recovery)
     return _train_exit(res)
@@ -376,7 +376,7 @@ def _cmd_launch(a) -> int:
 def _cmd_pipeline(a) -> int:
     "`wf pipeline`."
     from wf_nb.stages import run_pipeline
-    from wf_nb.train import _Stop
+    from wf_nb.trainer import _Stop
     _Stop.last_signal = None
     res = run_pipeline(a.model, a.overrides, tokens=a.tokens, split=a.split, runs_dir=a.runs_dir, out=a.out)
     print(f"wf pipeline: {res['status']}; output {res.get('output')}")
@@ -392,17 +392,17 @@ def _cmd_smoke(a) -> int:
 # %% ../nbs/11_cli.ipynb #712ebae4
 def _cmd_runs(a) -> int:
     "`wf runs`."
-    from wf_nb.runs import runs_table; print(runs_table(a.runs_dir)); return 0
+    from wf_nb.registry import runs_table; print(runs_table(a.runs_dir)); return 0
 
 # %% ../nbs/11_cli.ipynb #a1c63e6d
 def _cmd_logs(a) -> int:
     "`wf logs`."
-    from wf_nb.runs import run_logs; print(run_logs(a.run, a.runs_dir, a.n)); return 0
+    from wf_nb.registry import run_logs; print(run_logs(a.run, a.runs_dir, a.n)); return 0
 
 # %% ../nbs/11_cli.ipynb #21273bb1
 def _cmd_cancel(a) -> int:
     "`wf cancel`."
-    from wf_nb.runs import cancel_run; print(cancel_run(a.run, a.runs_dir)); return 0
+    from wf_nb.registry import cancel_run; print(cancel_run(a.run, a.runs_dir)); return 0
 
 # %% ../nbs/11_cli.ipynb #52f25210
 def _cmd_data(a) -> int:
@@ -482,6 +482,6 @@ def _dispatch(a) -> int:
 # %% ../nbs/11_cli.ipynb #5dd7a428
 def _completed_run(cfg, runs_dir):
     "The COMPLETED run with `cfg`'s fingerprint, if there is one."
-    from wf_nb.runs import Run, run_id_for, default_runs_dir
+    from wf_nb.registry import Run, run_id_for, default_runs_dir
     run = Run(Path(runs_dir or default_runs_dir())/run_id_for(cfg, fingerprint(cfg, git_info()['commit'])))
     return run if run.meta_path.exists() and run.status == 'COMPLETED' else None

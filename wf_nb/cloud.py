@@ -49,7 +49,7 @@ def _install(src) -> str:
 
 def job_name(cfg: WFConfig, commit: str) -> str:
     "A name for the job that clouds accept (lower case, digits, dashes): the run id this command resumes."
-    from wf_nb.runs import run_id_for
+    from wf_nb.registry import run_id_for
     import re
     return re.sub(r'[^a-z0-9-]+', '-', run_id_for(cfg, fingerprint(cfg, commit)).lower()).strip('-')[:60]
 

@@ -8,7 +8,7 @@ import io, json, os, shlex, subprocess, sys, time
 from pathlib import Path
 from matplotlib.figure import Figure
 from .config import get_config, fingerprint, git_info
-from .runs import (Run, RunExistsError, RunLockedError, default_runs_dir, get_run, list_runs, lock_holder, run_dir_in, run_output,
+from .registry import (Run, RunExistsError, RunLockedError, default_runs_dir, get_run, list_runs, lock_holder, run_dir_in, run_output,
                    run_id_for, run_logs, cancel_run, _last_metrics)
 
 # %% auto #0
@@ -103,11 +103,11 @@ class live_plot:
     "Context manager: while active, every `Trainer` in this process reports its metric records to a `LivePlot` (in Jupyter only)."
     def __init__(self, title='', enabled=None, **kw): self.plot, self.enabled = LivePlot(title, **kw), in_notebook() if enabled is None else enabled
     def __enter__(self):
-        from wf_nb.train import Trainer
+        from wf_nb.trainer import Trainer
         if self.enabled: Trainer.reporters.append(self.plot)
         return self.plot
     def __exit__(self, *exc):
-        from wf_nb.train import Trainer
+        from wf_nb.trainer import Trainer
         if self.plot in Trainer.reporters:
             Trainer.reporters.remove(self.plot); self.plot.close()
         return False
@@ -188,7 +188,7 @@ def train(model=None, stage='1', scale=None, overrides=(), detach=True, runs_dir
         if res['status'] != 'COMPLETED': raise RuntimeError(f"run {rid} ended {res['status']} (exit code {res.get('returncode')}); wf_nb.logs('{rid}')")
         return rid
     from wf_nb.stages import run_stage
-    from wf_nb.train import _Stop
+    from wf_nb.trainer import _Stop
     _Stop.last_signal = None
     if in_notebook(): cfg.logging.progress = False   # the live curves replace the text bar (not part of the fingerprint)
     with live_plot(f'{rid} (stage {cfg.stage})'):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 from fastcore.basics import patch
 from .io import atomic_dir
-from .train import CheckpointError, latest_checkpoint, verify_checkpoint
+from .trainer import CheckpointError, latest_checkpoint, verify_checkpoint
 
 # %% auto #0
 __all__ = ['STEP_NAME', 'RemoteStorageError', 'remote_fs', 'check_remote', 'RemoteCheckpoints']

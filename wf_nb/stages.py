@@ -10,9 +10,9 @@ from typing import Callable
 from pathlib import Path
 import torch
 from .config import WFConfig, get_config
-from .runs import (Run, open_run, finish_run, find_runs, RunExistsError, default_runs_dir, run_output, portable_path,
+from .registry import (Run, open_run, finish_run, find_runs, RunExistsError, default_runs_dir, run_output, portable_path,
                          lineage_of, lineage_parent)
-from .train import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp, compile_blocks
+from .trainer import Trainer, lm_step, StepContext, full_state_dicts, is_fsdp, compile_blocks
 from .quant import bitlinears
 
 # %% auto #0
@@ -102,7 +102,7 @@ def kd_step(teacher):
 
 # %% ../nbs/07_stages.ipynb #f5792f1f
 def _accelerator(cfg):
-    from wf_nb.train import make_accelerator
+    from wf_nb.trainer import make_accelerator
     from wf_nb.launch import check_world
     return check_world(make_accelerator(cfg.training.precision))
 
@@ -355,7 +355,7 @@ PIPELINE_SPLIT = 0.0   # Stage 1.9's share of the student tokens: measured, the 
 def _completed_output(cfg, runs_dir) -> Path | None:
     "The output of the COMPLETED run with `cfg`'s fingerprint, if there is one."
     from wf_nb.config import fingerprint, git_info
-    from wf_nb.runs import run_id_for
+    from wf_nb.registry import run_id_for
     run = Run(Path(runs_dir or default_runs_dir())/run_id_for(cfg, fingerprint(cfg, git_info()['commit'])))
     return run_output(run) if run.dir.exists() and run.status == 'COMPLETED' else None
 

@@ -25,7 +25,7 @@ def step_times(student, teacher, cfg, tok, steps) -> list[float]:
     "CPU seconds of `steps + 1` Stage 1.9/2 training steps of `student` (AdamW, the stage's distill step, its precision)."
     import torch
     from wf_nb.stages import distill_step
-    from wf_nb.train import StepContext
+    from wf_nb.trainer import StepContext
     from wf_nb.stream import get_data
     data = iter(get_data(cfg, tok, 'train', verbose=False))
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=cfg.training.lr)
@@ -50,7 +50,7 @@ def main():
     from wf_nb.ablate import ABLATIONS, PROTOCOLS, arm_configs, heldout_perplexity
     from wf_nb.config import get_config
     from wf_nb.stages import run_stage, distill_step
-    from wf_nb.train import StepContext
+    from wf_nb.trainer import StepContext
     from wf_nb.convert import load
     from wf_nb.assets import load_fp_model, load_tokenizer
     from wf_nb.stream import get_data
@@ -106,7 +106,7 @@ def quick(a):
     from wf_nb.ablate import arm_configs
     from wf_nb.config import get_config
     from wf_nb.stages import distill_step
-    from wf_nb.train import StepContext
+    from wf_nb.trainer import StepContext
     from wf_nb.convert import convert
     from wf_nb.assets import load_fp_model, load_tokenizer
     from wf_nb.stream import get_data

@@ -9,7 +9,7 @@ Arms (each in its own process, so peak RSS is the arm's own; the same real Shake
   wf_fakequant        wf_bitlinear with the fake-quant forward (WF_NB_INT_FORWARD=0, the transformers-exact path)
   wf_cublas           wf_bitlinear with the GEMM + rescale through cuBLAS `_int_mm` instead of the fused Triton kernel (CUDA)
   fp_compiled, hf_compiled, wf_compiled, wf_trainer_compiled
-                      fp / hf_autobitlinear / wf_bitlinear / wf_trainer with each decoder block compiled (wf_nb.train.compile_blocks,
+                      fp / hf_autobitlinear / wf_bitlinear / wf_trainer with each decoder block compiled (wf_nb.trainer.compile_blocks,
                       `training.compile=true`); the compilation happens in the warm-up steps (--warmup 2 at least)
   fp_trainer, fp_trainer_compiled
                       the FP model trained by wf_nb's Trainer (eager / `training.compile=true`): the like-for-like peer of
@@ -123,7 +123,7 @@ def arm_model(arm):
     if arm == 'wf_cublas':
         from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
     if arm in ('fp_compiled', 'hf_compiled', 'wf_compiled', 'wf_nosubln_compiled'):
-        from wf_nb.train import compile_blocks; compile_blocks(model, codes_per_step=ACCUM > 1)   # the Trainer's rule
+        from wf_nb.trainer import compile_blocks; compile_blocks(model, codes_per_step=ACCUM > 1)   # the Trainer's rule
     return model
 
 def plain_loop(model, data, precision, warmup, opt=None):
@@ -163,7 +163,7 @@ def hf_trainer_loop(model, data, precision, warmup):
 
 def wf_trainer_loop(model, data, precision, warmup, on_step=None, compile=False):
     from wf_nb.config import get_config
-    from wf_nb.train import Trainer, ListStream
+    from wf_nb.trainer import Trainer, ListStream
     import torch
     cfg = get_config([f'training.max_steps={len(data) // ACCUM}', f'training.grad_accum={ACCUM}', f'training.batch_size={B}', f'data.seq_len={S}', 'training.lr=1e-5',
                       f'training.precision={precision}', 'training.save_interval=100000', 'logging.interval=1',
@@ -195,7 +195,7 @@ def one(arm, precision, steps, warmup):
            'fp_trainer_compiled': lambda *a: wf_trainer_loop(*a, compile=True)}[arm]
     flops_per_token = None
     if DEVICE == 'cuda':
-        from wf_nb.train import train_flops_per_token, peak_flops
+        from wf_nb.trainer import train_flops_per_token, peak_flops
         flops_per_token, peak = train_flops_per_token(model, S), peak_flops('cuda')
         if not arm.startswith(('wf_trainer', 'hf_trainer', 'fp_trainer')): model.to(DEVICE)
     import gc; gc.collect()
@@ -306,7 +306,7 @@ def codes_ab(rounds, precision):
     "Compiled wf_nb model, ACCUM micro-batches per step: weight codes from the per-step cache against quantized in the graph by every micro-batch, steps alternating in ONE process."
     import torch
     from wf_nb.quant import bitlinears
-    from wf_nb.train import compile_blocks
+    from wf_nb.trainer import compile_blocks
     torch.manual_seed(0)
     model = wf_bitnet(fp_model()); compile_blocks(model)
     layers, data = [m for _, m in bitlinears(model)], batches(2 * ACCUM)
