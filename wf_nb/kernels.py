@@ -6,6 +6,7 @@
 from __future__ import annotations
 import os, time
 import torch, torch.nn as nn, torch.nn.functional as F
+from fastcore.basics import patch
 try:
     import triton, triton.language as tl
     HAS_TRITON = True
@@ -30,6 +31,7 @@ def weight_quant_ref(w: torch.Tensor):
     "Per-tensor absmean ternary quantization: (int8 ternary like `w`, float32 scalar scale)."
     return weight_quant_int(w)
 
+# %% ../nbs/02_kernels.ipynb #1c871bf6
 def fake_weight_quant_ref(w: torch.Tensor, lam: float = 1.0):
     "`w + lam*(dequant(quant(w)) - w)` as `wf_nb.quant.ste_quant(w, weight_quant, lam)` computes it (no autograd)."
     return ste_quant(w.detach(), q_weight_quant, lam)
@@ -38,6 +40,7 @@ def fake_act_quant_ref(x: torch.Tensor, lam: float = 1.0):
     "`x + lam*(dequant(quant(x)) - x)`, as `wf_nb.quant.ste_quant(x, act_quant, lam)` (no autograd)."
     return ste_quant(x.detach(), q_act_quant, lam)
 
+# %% ../nbs/02_kernels.ipynb #d8e080b4
 def w2a8_ref(xq, xs, w_packed, w_scale, out_features: int, bias=None, out_dtype=torch.float32):
     "`(xq @ W_t^T) / (xs * w_scale) + bias` with W_t unpacked from `w_packed`; exact integer accumulation."
     wt = unpack_ternary(w_packed, out_features)
@@ -58,6 +61,8 @@ if HAS_TRITON:
         if EXACT: return tl.extra.libdevice.div_rn(a, b)
         else: return a / b
 
+# %% ../nbs/02_kernels.ipynb #f280a603
+if HAS_TRITON:
     @triton.jit
     def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK: tl.constexpr, EXACT: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
@@ -74,6 +79,8 @@ if HAS_TRITON:
             qv = tl.minimum(tl.maximum(_rint(v * s, EXACT), -128.0), 127.0)
             tl.store(q_ptr + row * K + c, qv.to(tl.int8), mask=c < K)
 
+# %% ../nbs/02_kernels.ipynb #dea281ad
+if HAS_TRITON:
     @triton.jit
     def _abs_sum_kernel(w_ptr, part_ptr, numel, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
@@ -107,6 +114,8 @@ if HAS_TRITON:
         tl.store(y_ptr + rm[:, None] * stride_ym + col[None, :], y.to(y_ptr.dtype.element_ty),
                  mask=(rm[:, None] < M) & cmask[None, :])
 
+# %% ../nbs/02_kernels.ipynb #4f4c8968
+if HAS_TRITON:
     @triton.jit
     def _w2a8_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, y_ptr, M, N, K, R, stride_xm, stride_ym,
                      HAS_BIAS: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
@@ -148,6 +157,7 @@ def _need_triton(t):
         raise RuntimeError(f"Triton kernels cannot run on {t.device} here: they need CUDA (and `pip install triton`), "
                            "or TRITON_INTERPRET=1 set before wf_nb.kernels is imported (CPU tests).")
 
+# %% ../nbs/02_kernels.ipynb #531f92eb
 def act_quant_triton(x: torch.Tensor):
     "Fused per-token absmax int8 quantization (Triton): same contract as `act_quant_ref`."
     _need_triton(x)
@@ -161,6 +171,7 @@ def act_quant_triton(x: torch.Tensor):
         _act_quant_kernel[(x2.shape[0],)](x2, q, s, k, x2.stride(0), BLOCK=block, EXACT=not interpreting())
     return q.view(x.shape), s.view(*x.shape[:-1], 1)
 
+# %% ../nbs/02_kernels.ipynb #765964c0
 def _weight_mean_triton(w, block=4096):
     w1 = w.reshape(-1).contiguous()
     n = w1.numel()
@@ -177,6 +188,7 @@ def weight_quant_triton(w: torch.Tensor):
                                                        EXACT=not interpreting())
     return t.view(w.shape), 1.0 / mean.clamp(min=1e-5).reshape(())
 
+# %% ../nbs/02_kernels.ipynb #a46bbb42
 def fake_weight_quant_triton(w: torch.Tensor, lam: float = 1.0):
     "Fused `w + lam*(dequant(quant(w)) - w)` (Triton), in `w`'s dtype; no autograd (see `fake_weight_quant`)."
     _need_triton(w)
@@ -187,10 +199,10 @@ def fake_weight_quant_triton(w: torch.Tensor, lam: float = 1.0):
                                                        FULL=lam >= 1, EXACT=not interpreting())
     return out.view(w.shape)
 
+# %% ../nbs/02_kernels.ipynb #d5291158
 def _w2a8_blocks(m):
     return (16 if m <= 16 else 32 if m <= 32 else 64), 32, 64
 
-# %% ../nbs/02_kernels.ipynb #266e1435
 def w2a8_triton(xq, xs, w_packed, w_scale, out_features: int, bias=None, out_dtype=torch.float32):
     "Packed ternary x int8 matmul (Triton): same contract as `w2a8_ref`."
     _need_triton(xq)
@@ -230,6 +242,7 @@ class _STEAct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g): return g, None
 
+# %% ../nbs/02_kernels.ipynb #158bb73e
 def fake_weight_quant(w: torch.Tensor, lam: float = 1.0) -> torch.Tensor:
     "Training-time ternary fake quantization with an identity STE: forward `w + lam*(q(w)-w)`, gradient 1."
     if lam <= 0: return w
@@ -248,6 +261,7 @@ def _backend(t, backend):
     if backend not in ('triton', 'torch'): raise ValueError(f"backend must be auto | triton | torch, not {backend!r}")
     return backend
 
+# %% ../nbs/02_kernels.ipynb #fda5ae09
 def _act_quant_torch(x):
     # act_quant_ref's arithmetic with fewer temporaries (in-place); `127 / t` is reciprocal-then-multiply in torch
     xf = x.float()
@@ -256,6 +270,7 @@ def _act_quant_torch(x):
 
 if HAS_TRITON: register_act_codes('cuda', act_quant_triton)   # BitLinear's integer forward quantizes with it on CUDA
 
+# %% ../nbs/02_kernels.ipynb #3c745f1f
 def act_codes(x: torch.Tensor, backend: str = 'auto'):
     "Per-token int8 quantization of `x`: (int8 values, float32 scale [..., 1]); Triton on CUDA."
     return act_quant_triton(x) if _backend(x, backend) == 'triton' else _act_quant_torch(x)
@@ -264,6 +279,7 @@ def weight_codes(w: torch.Tensor, backend: str = 'auto'):
     "Ternary quantization of `w`: (int8 values in {-1,0,1}, float32 scalar scale); Triton on CUDA."
     return weight_quant_triton(w) if _backend(w, backend) == 'triton' else weight_quant_ref(w)
 
+# %% ../nbs/02_kernels.ipynb #a720a680
 _INT_MM = {'ok': hasattr(torch, '_int_mm')}
 
 def int8_matmul(xq: torch.Tensor, w_int8: torch.Tensor) -> torch.Tensor:
@@ -273,6 +289,7 @@ def int8_matmul(xq: torch.Tensor, w_int8: torch.Tensor) -> torch.Tensor:
         except RuntimeError: pass
     return xq.float() @ w_int8.float().t()
 
+# %% ../nbs/02_kernels.ipynb #9bf7b0c9
 def w2a8_linear(xq, xs, w_packed, w_scale, out_features: int, bias=None, out_dtype=torch.float32,
                 w_int8: torch.Tensor | None = None, backend: str = 'auto'):
     "`(xq @ W_t^T)/(xs*w_scale) + bias`, W_t packed 2-bit: Triton on CUDA, `torch._int_mm` on CPU (`w_int8` = cached unpack)."
@@ -315,6 +332,8 @@ if HAS_TRITON:
         tl.store(y_ptr + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty),
                  mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+# %% ../nbs/02_kernels.ipynb #13dffa35
+if HAS_TRITON:
     # tiles for Hopper-class GPUs, chosen per shape by measuring them at the first call (Triton's autotuner); the key
     # buckets M (tokens) to a power of two, so a run's fixed batch tunes once and decoding does not retune every step
     _INT8_MM_TUNED = triton.autotune(
@@ -343,6 +362,7 @@ def int8_mm_rescale_triton(xq, xs, wq, ws, bias=None, out_dtype=torch.float32):
                 *args, HAS_BIAS=bias is not None, EXACT=True)
     return y
 
+# %% ../nbs/02_kernels.ipynb #0643fe40
 def _int_rescale_cuda(xq, xs, wq, ws, bias, out_dtype):
     # a GPU or Triton build without int8 dot products: warn once, then the cuBLAS path (None) from then on
     try: return int8_mm_rescale_triton(xq, xs, wq, ws, bias, out_dtype)
@@ -363,8 +383,6 @@ def _int_rescale_cublas(*args):
         if fused is not None: _INT_RESCALE['cuda'] = fused
 
 # %% ../nbs/02_kernels.ipynb #9b2e089b
-from .quant import weight_codes as train_weight_codes
-
 class PackedBitLinear(nn.Module):
     "Inference-only ternary linear: packed 2-bit weights, per-tensor scale, int8 activations."
     def __init__(self, in_features: int, out_features: int, bias: bool = False, dtype=torch.float32, device=None,
@@ -377,30 +395,6 @@ class PackedBitLinear(nn.Module):
         self.register_buffer('bias', torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
         self.rms_norm = RMSNorm(in_features, norm_eps, device=device, dtype=dtype) if norm_eps is not None else None
         self._w_int8, self._w_key = None, None
-
-    @classmethod
-    def from_linear(cls, lin: nn.Module, cache: bool = True) -> 'PackedBitLinear':
-        "Quantize a (Bit)Linear's latent weight (lam = 1) and pack it; keeps a BitLinear's input RMSNorm / Haar."
-        if getattr(lin, 'act_bits', 8) != 8:
-            raise ValueError(f"PackedBitLinear is W2A8: this layer uses act_bits={lin.act_bits}; export needs act_bits=8")
-        w = lin.weight.detach()
-        norm = getattr(lin, 'rms_norm', None)
-        m = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, dtype=w.dtype, device=w.device,
-                norm_eps=None if norm is None else norm.variance_epsilon, haar=getattr(lin, 'haar', False), cache=cache)
-        t, s = train_weight_codes(w)   # the training forward's own codes and scale (`wf_nb.quant.weight_codes`), bit for bit
-        with torch.no_grad():
-            m.weight.copy_(pack_ternary(t)); m.weight_scale.fill_(s.item())
-            if lin.bias is not None: m.bias.copy_(lin.bias.detach())
-            if norm is not None: m.rms_norm.weight.copy_(norm.weight.detach())
-        return m
-
-    def ternary(self) -> torch.Tensor:
-        "The unpacked int8 ternary weight [out, in] (cached on CPU)."
-        key = (self.weight.data_ptr(), self.weight._version, self.weight.device)
-        if self._w_key == key: return self._w_int8
-        w = unpack_ternary(self.weight, self.out_features)
-        if self.cache: self._w_int8, self._w_key = w, key
-        return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rms_norm is not None: x = self.rms_norm(x)
@@ -415,6 +409,35 @@ class PackedBitLinear(nn.Module):
         return (f'in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}'
                 + (', haar=True' if self.haar else ''))
 
+# %% ../nbs/02_kernels.ipynb #c657fb3d
+from .quant import weight_codes as train_weight_codes
+
+@patch(cls_method=True)
+def from_linear(cls: PackedBitLinear, lin: nn.Module, cache: bool = True) -> PackedBitLinear:
+    "Quantize a (Bit)Linear's latent weight (lam = 1) and pack it; keeps a BitLinear's input RMSNorm / Haar."
+    if getattr(lin, 'act_bits', 8) != 8:
+        raise ValueError(f"PackedBitLinear is W2A8: this layer uses act_bits={lin.act_bits}; export needs act_bits=8")
+    w = lin.weight.detach()
+    norm = getattr(lin, 'rms_norm', None)
+    m = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, dtype=w.dtype, device=w.device,
+            norm_eps=None if norm is None else norm.variance_epsilon, haar=getattr(lin, 'haar', False), cache=cache)
+    t, s = train_weight_codes(w)   # the training forward's own codes and scale (`wf_nb.quant.weight_codes`), bit for bit
+    with torch.no_grad():
+        m.weight.copy_(pack_ternary(t)); m.weight_scale.fill_(s.item())
+        if lin.bias is not None: m.bias.copy_(lin.bias.detach())
+        if norm is not None: m.rms_norm.weight.copy_(norm.weight.detach())
+    return m
+
+# %% ../nbs/02_kernels.ipynb #716d499a
+@patch
+def ternary(self: PackedBitLinear) -> torch.Tensor:
+    "The unpacked int8 ternary weight [out, in] (cached on CPU)."
+    key = (self.weight.data_ptr(), self.weight._version, self.weight.device)
+    if self._w_key == key: return self._w_int8
+    w = unpack_ternary(self.weight, self.out_features)
+    if self.cache: self._w_int8, self._w_key = w, key
+    return w
+
 # %% ../nbs/02_kernels.ipynb #16e76b35
 def bench(f, n: int = 20, warmup: int = 2) -> float:
     "Median seconds of `f()` over `n` runs (after `warmup`); synchronizes CUDA."
@@ -428,7 +451,6 @@ def bench(f, n: int = 20, warmup: int = 2) -> float:
 # %% ../nbs/02_kernels.ipynb #a1f4c7e0
 def int8_gemm_table(ms=(512, 8192, 16384), shapes=((576, 1536), (1536, 576), (576, 576), (1024, 3072), (3072, 1024), (2560, 9728))):
     "GPU: time bf16 `F.linear`, cuBLAS `_int_mm` + PyTorch rescale, and the fused kernel per `(M, K, N)`; check they agree; print."
-    from wf_nb.quant import _ACT_Q, _NORM_Q, _norm_codes_eager
     cublas = _int_rescale_cublas
     torch.manual_seed(0)
     print(f"{'M':>6} {'K':>5} {'N':>5} {'bf16 us':>9} {'cuBLAS int8 us':>15} {'fused us':>9} {'fused vs bf16':>14} {'fused TOP/s':>12}")
@@ -441,7 +463,12 @@ def int8_gemm_table(ms=(512, 8192, 16384), shapes=((576, 1536), (1536, 576), (57
             tc = bench(lambda: cublas(xq, xs, wq, ws, None, torch.bfloat16), n=50, warmup=5)
             tt = bench(lambda: int8_mm_rescale_triton(xq, xs, wq, ws, None, torch.bfloat16), n=50, warmup=5)
             print(f"{m:6d} {k:5d} {n:5d} {tb * 1e6:9.1f} {tc * 1e6:15.1f} {tt * 1e6:9.1f} {tb / tt:13.2f}x {2 * m * k * n / tt / 1e12:12.0f}")
-    # the activation quantizers at training shapes (fp32 residual stream in, as under autocast)
+    _act_quant_table()
+
+# %% ../nbs/02_kernels.ipynb #864ad053
+def _act_quant_table():
+    "GPU: time the Triton activation quantizer against the compiled one, alone and after an RMSNorm; print."
+    from wf_nb.quant import _ACT_Q, _NORM_Q, _norm_codes_eager
     print(f"\n{'M':>6} {'K':>5} {'act: Triton us':>15} {'act: compiled us':>17} {'norm+act: eager+Triton us':>26} {'norm+act: compiled us':>22}")
     for m, k in ((16384, 576), (16384, 1536), (8192, 1024)):
         x, nw = torch.randn(m, k, device='cuda'), torch.rand(k, device='cuda') + 0.5
