@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses, math, warnings
 from dataclasses import dataclass
 import torch
+from fastcore.basics import patch
 import torch.nn as nn
 import torch.nn.functional as F
 from transformers import (AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel)
@@ -31,6 +32,7 @@ class WFCausalLMOutput(CausalLMOutputWithPast):
     lm_loss: torch.FloatTensor | None = None
     metrics: dict | None = None
 
+# %% ../nbs/02a_models.ipynb #6a9a51a7
 def rope_cos_sin(position_ids: torch.Tensor, dim: int, theta: float):
     "cos/sin tables `[B, S, dim]` for rotary embeddings at `position_ids` `[B, S]`."
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim))
@@ -44,6 +46,7 @@ def apply_rope(x, cos, sin):
     rot = torch.cat([-x2, x1], dim=-1)
     return (x * cos[:, None] + rot * sin[:, None]).to(x.dtype)
 
+# %% ../nbs/02a_models.ipynb #847aec9a
 def attention_bias(attention_mask, S, device):
     "None (plain causal) or a boolean `[B, 1, S, S]` mask (True = attend) from a 2-D padding or 4-D mask."
     if attention_mask is None: return None
@@ -53,6 +56,7 @@ def attention_bias(attention_mask, S, device):
     m = causal[None, None] & attention_mask.bool()[:, None, None, :]
     return m | torch.eye(S, dtype=torch.bool, device=device)   # fully padded rows attend to themselves, no NaN
 
+# %% ../nbs/02a_models.ipynb #76c2dcde
 class Attention(nn.Module):
     "Causal grouped-query attention with RoPE on SDPA."
     def __init__(self, d, n_heads, n_kv_heads):
@@ -81,6 +85,7 @@ def expert_weight_quant(w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     s = 1.0 / w.abs().mean((-2, -1), keepdim=True).clamp(min=eps)
     return ((w * s).round().clamp(-1, 1) / s).to(w.dtype)
 
+# %% ../nbs/02a_models.ipynb #5b50efc7
 class MoEFeedForward(nn.Module):
     "Top-k routed SwiGLU experts; returns `(y, stats)` with the per-layer routing statistics."
     _muon_params = ('gate_proj', 'up_proj', 'down_proj')
@@ -102,32 +107,43 @@ class MoEFeedForward(nn.Module):
         probs = logits.softmax(-1)
         topv, topi = probs.topk(self.k, dim=-1)                          # [T, k]
         topv = topv / topv.sum(-1, keepdim=True)
-        flat = topi.reshape(-1)                                          # expert of each (token, slot)
-        order = flat.argsort(stable=True)
-        tok = order // self.k                                            # token of each sorted assignment
-        counts = torch.bincount(flat, minlength=self.E)
-        xs = h[tok]
-        gate, up, down = self.gate_proj, self.up_proj, self.down_proj
-        q = lambda t: t
-        if self.wf_ternary and self.lam > 0:   # ternary weights (per expert), int8 activations (per token), STE
-            gate, up, down = (ste_quant(p, expert_weight_quant, self.lam) for p in (gate, up, down))
-            q = lambda t: ste_quant(t, act_quant, self.lam)
-        outs = []
-        for e, (xe) in enumerate(xs.split(counts.tolist())):
-            if xe.shape[0] == 0: continue
-            xe = q(xe)
-            outs.append(q(F.silu(xe @ gate[e].T) * (xe @ up[e].T)) @ down[e].T)
-        ys = torch.cat(outs) * topv.reshape(-1)[order, None].to(h.dtype)
-        y = torch.zeros_like(h).index_add_(0, tok, ys)
-        # statistics over real (non-padding) tokens
-        m = torch.ones(h.shape[0], device=h.device) if token_mask is None else token_mask.reshape(-1).float()
-        n = m.sum().clamp(min=1)
-        assign = F.one_hot(topi, self.E).sum(1).float()                  # [T, E] 0/1 per expert
-        frac = (assign * m[:, None]).sum(0) / (n * self.k)               # f_e: share of assignments
-        pmean = (probs * m[:, None]).sum(0) / n                          # P_e
-        lb = self.E * (frac * pmean).sum()
-        z = (logits.logsumexp(-1).pow(2) * m).sum() / n
-        return y.view(shape), dict(lb_loss=lb, z_loss=z, frac=frac.detach())
+        y = self._expert_mix(h, topi, topv)
+        return y.view(shape), self._routing_stats(h, logits, probs, topi, token_mask)
+
+# %% ../nbs/02a_models.ipynb #57a0b5c4
+@patch
+def _expert_mix(self: MoEFeedForward, h, topi, topv):
+    "Sum over each token's k experts of weight x SwiGLU expert output, `[T, d]`."
+    flat = topi.reshape(-1)                                          # expert of each (token, slot)
+    order = flat.argsort(stable=True)
+    tok = order // self.k                                            # token of each sorted assignment
+    counts = torch.bincount(flat, minlength=self.E)
+    xs = h[tok]
+    gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+    q = lambda t: t
+    if self.wf_ternary and self.lam > 0:   # ternary weights (per expert), int8 activations (per token), STE
+        gate, up, down = (ste_quant(p, expert_weight_quant, self.lam) for p in (gate, up, down))
+        q = lambda t: ste_quant(t, act_quant, self.lam)
+    outs = []
+    for e, (xe) in enumerate(xs.split(counts.tolist())):
+        if xe.shape[0] == 0: continue
+        xe = q(xe)
+        outs.append(q(F.silu(xe @ gate[e].T) * (xe @ up[e].T)) @ down[e].T)
+    ys = torch.cat(outs) * topv.reshape(-1)[order, None].to(h.dtype)
+    return torch.zeros_like(h).index_add_(0, tok, ys)
+
+# %% ../nbs/02a_models.ipynb #954b2a54
+@patch
+def _routing_stats(self: MoEFeedForward, h, logits, probs, topi, token_mask=None) -> dict:
+    "Load-balancing loss, router z-loss and each expert's share of the assignments (`frac`)."
+    m = torch.ones(h.shape[0], device=h.device) if token_mask is None else token_mask.reshape(-1).float()
+    n = m.sum().clamp(min=1)
+    assign = F.one_hot(topi, self.E).sum(1).float()                  # [T, E] 0/1 per expert
+    frac = (assign * m[:, None]).sum(0) / (n * self.k)               # f_e: share of assignments
+    pmean = (probs * m[:, None]).sum(0) / n                          # P_e
+    lb = self.E * (frac * pmean).sum()
+    z = (logits.logsumexp(-1).pow(2) * m).sum() / n
+    return dict(lb_loss=lb, z_loss=z, frac=frac.detach())
 
 # %% ../nbs/02a_models.ipynb #bd28bc3f
 def ternarize_wf(model: nn.Module) -> nn.Module:
@@ -154,6 +170,7 @@ class WFMoEConfig(PretrainedConfig):
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kw)
 
+# %% ../nbs/02a_models.ipynb #68acfbae
 class MoEDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, c):
         super().__init__()
@@ -167,6 +184,7 @@ class MoEDecoderLayer(GradientCheckpointingLayer):
         y, st = self.mlp(self.post_attention_layernorm(x), token_mask)
         return x + y, st
 
+# %% ../nbs/02a_models.ipynb #428c8e8d
 class WFBody(nn.Module):
     "Holds `embed_tokens`, `layers`, `norm` (and `embed_positions`) under `model.`, as in Llama checkpoints."
 
@@ -182,16 +200,20 @@ class _WFPreTrained(PreTrainedModel):
         "No KV cache: every generation step re-reads the whole prefix."
         return dict(input_ids=input_ids, attention_mask=attention_mask)
 
-    def _finish_init(self):
-        "The tail of every wf_nb model's `__init__`: LM head, ternary layers when `wf_ternary`, weight init."
-        self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
-        if getattr(self.config, 'wf_ternary', False): ternarize_wf(self)
-        self.post_init()
+# %% ../nbs/02a_models.ipynb #941ab4f9
+@patch
+def _finish_init(self: _WFPreTrained):
+    "The tail of every wf_nb model's `__init__`: LM head, ternary layers when `wf_ternary`, weight init."
+    self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False)
+    if getattr(self.config, 'wf_ternary', False): ternarize_wf(self)
+    self.post_init()
 
-    def _lm_output(self, logits, labels, hidden, aux=None, metrics=None):
-        lm = lm_loss(logits, labels)['loss'] if labels is not None else None   # wf_nb.losses: one CE convention
-        loss = None if lm is None else (lm if aux is None else lm + aux)
-        return WFCausalLMOutput(loss=loss, logits=logits, hidden_states=hidden, aux_loss=aux, lm_loss=lm, metrics=metrics)
+@patch
+def _lm_output(self: _WFPreTrained, logits, labels, hidden, aux=None, metrics=None):
+    "The output every `forward` returns: logits, the LM loss (wf_nb.losses' one CE convention) plus `aux`, metrics."
+    lm = lm_loss(logits, labels)['loss'] if labels is not None else None   # wf_nb.losses: one CE convention
+    loss = None if lm is None else (lm if aux is None else lm + aux)
+    return WFCausalLMOutput(loss=loss, logits=logits, hidden_states=hidden, aux_loss=aux, lm_loss=lm, metrics=metrics)
 
 # %% ../nbs/02a_models.ipynb #67bd9e44
 class WFMoEForCausalLM(_WFPreTrained, GenerationMixin):
@@ -214,31 +236,42 @@ class WFMoEForCausalLM(_WFPreTrained, GenerationMixin):
             std = self.config.initializer_range
             for p in (module.gate_proj, module.up_proj, module.down_proj): nn.init.normal_(p, std=std)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None, output_hidden_states=False, **kw):
-        B, S = input_ids.shape
-        c = self.config
-        if position_ids is None: position_ids = torch.arange(S, device=input_ids.device)[None].expand(B, -1)
-        cos, sin = rope_cos_sin(position_ids, c.hidden_size // c.num_attention_heads, c.rope_theta)
-        mask = attention_bias(attention_mask, S, input_ids.device)
-        token_mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
-        b = self.model
-        x = b.embed_tokens(input_ids)
-        hidden, stats = [x] if output_hidden_states else None, []
-        for layer in b.layers:
-            x, st = layer(x, cos, sin, mask, token_mask)
-            stats.append(st)
-            if output_hidden_states: hidden.append(x)
-        logits = self.lm_head(b.norm(x))
-        lb = torch.stack([s['lb_loss'] for s in stats]).mean()
-        z = torch.stack([s['z_loss'] for s in stats]).mean()
-        aux = c.aux_loss_coef * lb + c.z_loss_coef * z
-        frac = torch.stack([s['frac'] for s in stats])                   # [L, E]
-        metrics = {'moe/lb_loss': lb.detach(), 'moe/z_loss': z.detach(),
-                   'moe/frac_max': frac.max() * c.n_experts,             # 1.0 = perfectly balanced
-                   'moe/frac_min': frac.min() * c.n_experts,
-                   'moe/dead_experts': (frac == 0).sum().float() / c.num_hidden_layers,
-                   **{f'moe/frac_e{e}': frac[:, e].mean() for e in range(c.n_experts)}}
-        return self._lm_output(logits, labels, tuple(hidden) if hidden else None, aux, metrics)
+# %% ../nbs/02a_models.ipynb #99e77635
+@patch
+def forward(self: WFMoEForCausalLM, input_ids, attention_mask=None, position_ids=None, labels=None,
+            output_hidden_states=False, **kw):
+    B, S = input_ids.shape
+    c = self.config
+    if position_ids is None: position_ids = torch.arange(S, device=input_ids.device)[None].expand(B, -1)
+    cos, sin = rope_cos_sin(position_ids, c.hidden_size // c.num_attention_heads, c.rope_theta)
+    mask = attention_bias(attention_mask, S, input_ids.device)
+    token_mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+    b = self.model
+    x = b.embed_tokens(input_ids)
+    hidden, stats = [x] if output_hidden_states else None, []
+    for layer in b.layers:
+        x, st = layer(x, cos, sin, mask, token_mask)
+        stats.append(st)
+        if output_hidden_states: hidden.append(x)
+    logits = self.lm_head(b.norm(x))
+    aux, metrics = self._moe_aux(stats)
+    return self._lm_output(logits, labels, tuple(hidden) if hidden else None, aux, metrics)
+
+# %% ../nbs/02a_models.ipynb #b5ebcad9
+@patch
+def _moe_aux(self: WFMoEForCausalLM, stats: list) -> tuple:
+    "(weighted auxiliary loss, metrics dict) from the per-layer routing statistics."
+    c = self.config
+    lb = torch.stack([s['lb_loss'] for s in stats]).mean()
+    z = torch.stack([s['z_loss'] for s in stats]).mean()
+    aux = c.aux_loss_coef * lb + c.z_loss_coef * z
+    frac = torch.stack([s['frac'] for s in stats])                   # [L, E]
+    metrics = {'moe/lb_loss': lb.detach(), 'moe/z_loss': z.detach(),
+               'moe/frac_max': frac.max() * c.n_experts,             # 1.0 = perfectly balanced
+               'moe/frac_min': frac.min() * c.n_experts,
+               'moe/dead_experts': (frac == 0).sum().float() / c.num_hidden_layers,
+               **{f'moe/frac_e{e}': frac[:, e].mean() for e in range(c.n_experts)}}
+    return aux, metrics
 
 AutoConfig.register('wf_moe', WFMoEConfig, exist_ok=True)
 AutoModelForCausalLM.register(WFMoEConfig, WFMoEForCausalLM, exist_ok=True)
@@ -278,21 +311,25 @@ class ResonanceMixer(nn.Module):
         self.coef.normal_().mul_(torch.cat([(2 / tau).sqrt()] * 2) / math.sqrt(2 * K))
         self.short_filter.zero_(); self.short_filter[:, 0] = 1.0
 
-    def kernel(self, n: int) -> torch.Tensor:
-        "The causal filters `[d, n]` for lags 0..n-1."
-        t = torch.arange(n, device=self.coef.device, dtype=torch.float32)
-        a, w = self.log_decay.float().exp(), self.freq.float()
-        damp = torch.exp(-a[:, None] * t)                                # [K, n]
-        basis = torch.cat([damp * torch.cos(w[:, None] * t), damp * torch.sin(w[:, None] * t)])   # [2K, n]
-        h = self.coef.float() @ basis
-        s = min(self.short, n)
-        return torch.cat([h[:, :s] + self.short_filter[:, :s].float(), h[:, s:]], dim=1)
+# %% ../nbs/02a_models.ipynb #633eded9
+@patch
+def kernel(self: ResonanceMixer, n: int) -> torch.Tensor:
+    "The causal filters `[d, n]` for lags 0..n-1."
+    t = torch.arange(n, device=self.coef.device, dtype=torch.float32)
+    a, w = self.log_decay.float().exp(), self.freq.float()
+    damp = torch.exp(-a[:, None] * t)                                # [K, n]
+    basis = torch.cat([damp * torch.cos(w[:, None] * t), damp * torch.sin(w[:, None] * t)])   # [2K, n]
+    h = self.coef.float() @ basis
+    s = min(self.short, n)
+    return torch.cat([h[:, :s] + self.short_filter[:, :s].float(), h[:, s:]], dim=1)
 
-    def forward(self, x, token_mask=None):
-        v, g = self.in_proj(x).chunk(2, dim=-1)
-        if token_mask is not None: v = v * token_mask[..., None].to(v.dtype)
-        y = fft_causal_conv(v, self.kernel(x.shape[1]))
-        return self.out_proj(y * F.silu(g))
+# %% ../nbs/02a_models.ipynb #902cb311
+@patch
+def forward(self: ResonanceMixer, x, token_mask=None):
+    v, g = self.in_proj(x).chunk(2, dim=-1)
+    if token_mask is not None: v = v * token_mask[..., None].to(v.dtype)
+    y = fft_causal_conv(v, self.kernel(x.shape[1]))
+    return self.out_proj(y * F.silu(g))
 
 # %% ../nbs/02a_models.ipynb #1fd56de6
 class WFFFTConfig(PretrainedConfig):
@@ -307,6 +344,7 @@ class WFFFTConfig(PretrainedConfig):
         super().__init__(tie_word_embeddings=tie_word_embeddings, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, pad_token_id=pad_token_id, **kw)
 
+# %% ../nbs/02a_models.ipynb #e1ae975a
 class FFTMLP(nn.Module):
     def __init__(self, d, ffn):
         super().__init__()
@@ -344,49 +382,60 @@ class WFFFTForCausalLM(_WFPreTrained, GenerationMixin):
         super()._init_weights(module)
         if isinstance(module, ResonanceMixer): module.reset_filters()
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None, output_hidden_states=False, **kw):
-        B, S = input_ids.shape
-        P = self.config.max_position_embeddings
-        if S > P: raise ValueError(f"sequence length {S} > max_position_embeddings {P}: shorten data.seq_len or build the model with a larger model.max_position_embeddings")
-        if position_ids is None: position_ids = torch.arange(S, device=input_ids.device)[None].expand(B, -1)
-        token_mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
-        if attention_mask is not None and attention_mask.ndim == 4 and not getattr(self, '_warned_doc_mask', False):
-            warnings.warn("WFFFTForCausalLM ignores 4-D (document) attention masks: its convolution mixes across packed "
-                          "documents (positions still restart per document); use data.doc_mask=false")
-            self._warned_doc_mask = True
-        b = self.model
-        x = b.embed_tokens(input_ids) + b.embed_positions(position_ids.clamp(0, P - 1))
-        hidden = [x] if output_hidden_states else None
-        for layer in b.layers:
-            x = layer(x, token_mask)
-            if output_hidden_states: hidden.append(x)
-        logits = self.lm_head(b.norm(x))
-        return self._lm_output(logits, labels, tuple(hidden) if hidden else None)
+# %% ../nbs/02a_models.ipynb #9a9fadac
+@patch
+def forward(self: WFFFTForCausalLM, input_ids, attention_mask=None, position_ids=None, labels=None,
+            output_hidden_states=False, **kw):
+    B, S = input_ids.shape
+    P = self.config.max_position_embeddings
+    if S > P: raise ValueError(f"sequence length {S} > max_position_embeddings {P}: shorten data.seq_len or build the model with a larger model.max_position_embeddings")
+    if position_ids is None: position_ids = torch.arange(S, device=input_ids.device)[None].expand(B, -1)
+    token_mask = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+    if attention_mask is not None and attention_mask.ndim == 4 and not getattr(self, '_warned_doc_mask', False):
+        warnings.warn("WFFFTForCausalLM ignores 4-D (document) attention masks: its convolution mixes across packed "
+                      "documents (positions still restart per document); use data.doc_mask=false")
+        self._warned_doc_mask = True
+    b = self.model
+    x = b.embed_tokens(input_ids) + b.embed_positions(position_ids.clamp(0, P - 1))
+    hidden = [x] if output_hidden_states else None
+    for layer in b.layers:
+        x = layer(x, token_mask)
+        if output_hidden_states: hidden.append(x)
+    logits = self.lm_head(b.norm(x))
+    return self._lm_output(logits, labels, tuple(hidden) if hidden else None)
 
 AutoConfig.register('wf_fft', WFFFTConfig, exist_ok=True)
 AutoModelForCausalLM.register(WFFFTConfig, WFFFTForCausalLM, exist_ok=True)
 
 # %% ../nbs/02a_models.ipynb #73f57fe8
+def _moe_config(mc: ModelConfig) -> WFMoEConfig:
+    "`WFMoEConfig` from the `ModelConfig` fields of `arch=moe`."
+    if mc.n_experts < 1: raise ValueError(f"model {mc.name!r}: arch=moe needs model.n_experts >= 1 (got {mc.n_experts})")
+    return WFMoEConfig(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, num_hidden_layers=mc.num_layers,
+                       num_attention_heads=mc.num_heads, num_key_value_heads=mc.num_kv_heads,
+                       intermediate_size=mc.intermediate_size, n_experts=mc.n_experts, num_experts_per_tok=mc.top_k,
+                       max_position_embeddings=mc.max_position_embeddings, rope_theta=mc.rope_theta,
+                       aux_loss_coef=mc.moe_aux_coef, z_loss_coef=mc.moe_z_coef, tie_word_embeddings=mc.tie_embeddings,
+                       wf_ternary=mc.ternary)
+
+def _fft_config(mc: ModelConfig) -> WFFFTConfig:
+    "`WFFFTConfig` from the `ModelConfig` fields of `arch=fft`."
+    return WFFFTConfig(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, num_hidden_layers=mc.num_layers,
+                       intermediate_size=mc.intermediate_size, n_modes=mc.fft_modes,
+                       max_position_embeddings=mc.max_position_embeddings, tie_word_embeddings=mc.tie_embeddings,
+                       wf_ternary=mc.ternary)
+
+# %% ../nbs/02a_models.ipynb #f91cea0c
 def model_config(mc: ModelConfig) -> PretrainedConfig:
     "The transformers config that `build_model` instantiates for a random-architecture `ModelConfig`."
     if mc.arch in ('llama', 'qwen3'): return hf_config(mc)
     if mc.arch == 'mobilellm': return hf_config(dataclasses.replace(mc, arch='llama'))
-    if mc.arch == 'moe':
-        if mc.n_experts < 1: raise ValueError(f"model {mc.name!r}: arch=moe needs model.n_experts >= 1 (got {mc.n_experts})")
-        return WFMoEConfig(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, num_hidden_layers=mc.num_layers,
-                           num_attention_heads=mc.num_heads, num_key_value_heads=mc.num_kv_heads,
-                           intermediate_size=mc.intermediate_size, n_experts=mc.n_experts, num_experts_per_tok=mc.top_k,
-                           max_position_embeddings=mc.max_position_embeddings, rope_theta=mc.rope_theta,
-                           aux_loss_coef=mc.moe_aux_coef, z_loss_coef=mc.moe_z_coef, tie_word_embeddings=mc.tie_embeddings,
-                           wf_ternary=mc.ternary)
-    if mc.arch == 'fft':
-        return WFFFTConfig(vocab_size=mc.vocab_size, hidden_size=mc.hidden_size, num_hidden_layers=mc.num_layers,
-                           intermediate_size=mc.intermediate_size, n_modes=mc.fft_modes,
-                           max_position_embeddings=mc.max_position_embeddings, tie_word_embeddings=mc.tie_embeddings,
-                           wf_ternary=mc.ternary)
+    if mc.arch == 'moe': return _moe_config(mc)
+    if mc.arch == 'fft': return _fft_config(mc)
     raise ValueError(f"model.arch={mc.arch!r} has no from-scratch config (llama | qwen3 | mobilellm | moe | fft); "
                      f"arch=hf loads pretrained weights with wf_nb.assets.load_fp_model")
 
+# %% ../nbs/02a_models.ipynb #cd7e765c
 def build_model(mc: ModelConfig, seed: int = 0, dtype=None) -> PreTrainedModel:
     "The model for `mc` in eval mode: pretrained (`hf`) or a seeded random init of llama/qwen3/mobilellm/moe/fft."
     if mc.arch in ('hf', 'llama', 'qwen3', 'mobilellm'):
