@@ -27,25 +27,35 @@ def _is_shard_dir(p: Path) -> bool:
     try: return json.loads((p/MANIFEST).read_text()).get('format') == 'wf_nb.tokens'
     except (OSError, ValueError, AttributeError): return False
 
-def _check_tokenize_output(src, out: Path, overwrite: bool) -> bool:
-    """Refuse an output that is, contains or lies inside the source, or an existing folder that wf_nb did not write;
-    return whether an existing folder is to be replaced (wf_nb shards with `overwrite`, or an empty folder)."""
+# %% ../nbs/04b_shards.ipynb #ce816ac1
+def _check_not_source(src, out: Path):
+    "Raise `DataError` if `out` is, contains or lies inside the source `src` (its root or any of its files)."
     o = out.resolve()
     for s in ([Path(src.root)] if src.root else []) + list(src.files):
         s = s.resolve()
         if o == s or o in s.parents or s in o.parents:
             rel = 'is' if o == s else 'contains' if o in s.parents else 'is inside'
             raise DataError(f"output {out} {rel} the source {s}; writing there could destroy the corpus. Choose an output folder outside the source.")
+
+# %% ../nbs/04b_shards.ipynb #c012ee85
+def _check_unmarked_shards(out: Path):
+    "Refuse to replace an unmarked (older) shard folder `out` that holds files its manifest does not list."
+    man = json.loads((out/MANIFEST).read_text()); ours = {MANIFEST, '.wf_verified.json'}
+    ours |= {s[k] for s in man.get('shards', []) for k in ('file', 'docs') if k in s}
+    extra = sorted(str(p.relative_to(out)) for p in out.rglob('*') if not p.is_dir() and str(p.relative_to(out)) not in ours)
+    if extra: raise DataError(f"output {out} holds {len(extra)} file(s) wf_nb did not write ({', '.join(extra[:3])}); --overwrite never deletes them")
+
+# %% ../nbs/04b_shards.ipynb #d010a9a9
+def _check_tokenize_output(src, out: Path, overwrite: bool) -> bool:
+    """Refuse an output that is, contains or lies inside the source, or an existing folder that wf_nb did not write;
+    return whether an existing folder is to be replaced (wf_nb shards with `overwrite`, or an empty folder)."""
+    _check_not_source(src, out)
     if not out.exists() and not out.is_symlink(): return False
     if not out.is_dir(): raise DataError(f"output {out} exists and is not a folder; choose another output path.")
     if _is_shard_dir(out):
         if not overwrite: raise DataError(f"{out} already holds token shards; pass overwrite=True (--overwrite) or choose another output.")
         if not (out/OUTPUT_MARKER).exists():   # written before the marker: only its manifest's files may go
-            man = json.loads((out/MANIFEST).read_text()); ours = {MANIFEST, '.wf_verified.json'}
-            ours |= {s[k] for s in man.get('shards', []) for k in ('file', 'docs') if k in s}
-            extra = sorted(str(p.relative_to(out)) for p in out.rglob('*') if not p.is_dir() and str(p.relative_to(out)) not in ours)
-            if extra: raise DataError(f"output {out} holds {len(extra)} file(s) wf_nb did not write ({', '.join(extra[:3])}); --overwrite never deletes them")
-            return True
+            _check_unmarked_shards(out); return True
         try: return check_output(out, True, flag='output', also_ours=('.wf_verified.json',))   # the one rule (wf_nb.io); TokenShards.VERIFIED
         except OutputError as e: raise DataError(str(e)) from None
     if any(out.iterdir()):
@@ -72,22 +82,24 @@ class _ShardWriter:
                             'sha256': sha256_file(self.folder/tf), 'docs_sha256': sha256_file(self.folder/df)})
         self.buf, self.lens, self.n_buf = [], [], 0
 
-    def add(self, ids: np.ndarray, l: np.ndarray):
-        "Append a batch: `ids` the documents' tokens back to back, `l` their lengths."
-        st = self.stats
-        if ids.size:
-            st['max_id'] = max(st['max_id'], int(ids.max())); st['min_id'] = min(st['min_id'], int(ids.min()))
-        # split the batch at document boundaries so no document straddles two shards
-        starts = np.concatenate([[0], np.cumsum(l)])
-        i = 0
-        while i < l.size:
-            room = self.shard_tokens - self.n_buf
-            j = i + int(np.searchsorted(starts[i+1:] - starts[i], room, side='right'))
-            if j == i and self.n_buf == 0: j = i + 1                  # one document larger than a shard
-            if j == i: self.flush(); continue
-            self.buf.append(ids[starts[i]:starts[j]]); self.lens.append(l[i:j]); self.n_buf += int(starts[j] - starts[i])
-            st['n_tokens'] += int(starts[j] - starts[i]); st['n_docs'] += j - i; i = j
-            if self.n_buf >= self.shard_tokens: self.flush()
+# %% ../nbs/04b_shards.ipynb #96ef3e26
+@patch
+def add(self: _ShardWriter, ids: np.ndarray, l: np.ndarray):
+    "Append a batch: `ids` the documents' tokens back to back, `l` their lengths."
+    st = self.stats
+    if ids.size:
+        st['max_id'] = max(st['max_id'], int(ids.max())); st['min_id'] = min(st['min_id'], int(ids.min()))
+    # split the batch at document boundaries so no document straddles two shards
+    starts = np.concatenate([[0], np.cumsum(l)])
+    i = 0
+    while i < l.size:
+        room = self.shard_tokens - self.n_buf
+        j = i + int(np.searchsorted(starts[i+1:] - starts[i], room, side='right'))
+        if j == i and self.n_buf == 0: j = i + 1                  # one document larger than a shard
+        if j == i: self.flush(); continue
+        self.buf.append(ids[starts[i]:starts[j]]); self.lens.append(l[i:j]); self.n_buf += int(starts[j] - starts[i])
+        st['n_tokens'] += int(starts[j] - starts[i]); st['n_docs'] += j - i; i = j
+        if self.n_buf >= self.shard_tokens: self.flush()
 
 # %% ../nbs/04b_shards.ipynb #5a1d0009
 def _empty_corpus(src) -> DataError:
@@ -96,6 +108,26 @@ def _empty_corpus(src) -> DataError:
                      f"{' in field ' + repr(src.text_field) if src.kind != 'files' or any(f.suffix in ROW_SUFFIXES for f in src.files) else ''}. "
                      f"Point data.source at files with text.")
 
+# %% ../nbs/04b_shards.ipynb #e83289da
+def _write_shards(folder: Path, src, encoder, vocab: int, shard_tokens: int, num_proc: int) -> _ShardWriter:
+    "Encode every document of `src` into shards in `folder`; return the (flushed) writer with its shards and counts."
+    w = _ShardWriter(folder, shard_tokens, encoder.dtype)
+    with encoder_pool(encoder, num_proc) as encode:
+        for ids, l in encode(doc_batches(src.iter_docs(), max_chars=1_000_000 if num_proc <= 1 else 200_000)): w.add(ids, l)
+    w.flush()
+    if not w.stats['n_docs']: raise _empty_corpus(src)
+    if w.stats['max_id'] >= vocab: raise DataError(f"tokenizer produced id {w.stats['max_id']} >= its own vocabulary size {vocab}")
+    return w
+
+# %% ../nbs/04b_shards.ipynb #136ceca8
+def _tokens_manifest(src, tokenizer, encoder, w: _ShardWriter, seconds: float) -> dict:
+    "The manifest of the shards `w` wrote from `src` with `tokenizer`."
+    return {'format': 'wf_nb.tokens', 'version': 1, 'layout': 'flat', 'dtype': np.dtype(encoder.dtype).name,
+            'vocab_size': len(tokenizer), 'eos_id': int(encoder.eos), 'tokenizer': tokenizer_id(tokenizer), 'source': src.spec,
+            'source_fingerprint': src.fingerprint(), 'text_field': src.text_field, **w.stats, 'shards': w.shards,
+            'seconds': round(seconds, 3)}
+
+# %% ../nbs/04b_shards.ipynb #906ecbcb
 def data_tokenize(source, out, tokenizer='smollm2_135m', text_field: str = 'text', num_proc: int = 1,
                   shard_tokens: int = 50_000_000, overwrite: bool = False, verbose: bool = True,
                   encoding: str = 'utf-8', decode_errors: str = 'strict') -> dict:
@@ -113,16 +145,8 @@ def data_tokenize(source, out, tokenizer='smollm2_135m', text_field: str = 'text
     encoder = DocEncoder(tokenizer, dtype)
     t0 = time.time()
     def write(tmp: Path):
-        w = _ShardWriter(tmp, shard_tokens, dtype)
-        with encoder_pool(encoder, num_proc) as encode:
-            for ids, l in encode(doc_batches(src.iter_docs(), max_chars=1_000_000 if num_proc <= 1 else 200_000)): w.add(ids, l)
-        w.flush()
-        if not w.stats['n_docs']: raise _empty_corpus(src)
-        if w.stats['max_id'] >= vocab: raise DataError(f"tokenizer produced id {w.stats['max_id']} >= its own vocabulary size {vocab}")
-        man = {'format': 'wf_nb.tokens', 'version': 1, 'layout': 'flat', 'dtype': np.dtype(dtype).name, 'vocab_size': vocab,
-               'eos_id': int(encoder.eos), 'tokenizer': tokenizer_id(tokenizer), 'source': src.spec,
-               'source_fingerprint': src.fingerprint(), 'text_field': src.text_field, **w.stats, 'shards': w.shards,
-               'seconds': round(time.time() - t0, 3)}
+        w = _write_shards(tmp, src, encoder, vocab, shard_tokens, num_proc)
+        man = _tokens_manifest(src, tokenizer, encoder, w, time.time() - t0)
         (tmp/MANIFEST).write_text(json.dumps(man, indent=1))      # inside the temporary folder: renamed into place whole
         mark_output(tmp, 'tokens')                                  # what `--overwrite` may replace (wf_nb.io.check_output)
     atomic_dir(out, write, exists='replace' if replace else 'keep')   # 'keep': another process finished first
@@ -144,22 +168,28 @@ class Perm:
         self.add = r.integers(0, 1 << 62, 4, dtype=np.uint64) & self.mask
         self.shift = np.uint64(max(1, self.bits // 2))
 
-    def _round(self, x):
-        with np.errstate(over='ignore'):
-            for m, a in zip(self.mul, self.add):
-                x = (x * m) & self.mask
-                x ^= x >> self.shift
-                x = (x + a) & self.mask
-        return x
+# %% ../nbs/04b_shards.ipynb #e88a42b3
+@patch
+def _round(self: Perm, x):
+    "The keyed rounds applied once to the uint64 array `x` (a bijection of `range(2**bits)`)."
+    with np.errstate(over='ignore'):
+        for m, a in zip(self.mul, self.add):
+            x = (x * m) & self.mask
+            x ^= x >> self.shift
+            x = (x + a) & self.mask
+    return x
 
-    def __call__(self, i):
-        i = np.asarray(i)
-        if i.size and (i.min() < 0 or i.max() >= self.n): raise IndexError(f"index out of range(0, {self.n})")
-        x = self._round(i.astype(np.uint64))
-        bad = x >= self.n
-        while bad.any():
-            x[bad] = self._round(x[bad]); bad = x >= self.n
-        return x.astype(np.int64)
+# %% ../nbs/04b_shards.ipynb #a8b328e0
+@patch
+def __call__(self: Perm, i):
+    "The permuted index (array) of index (array) `i`."
+    i = np.asarray(i)
+    if i.size and (i.min() < 0 or i.max() >= self.n): raise IndexError(f"index out of range(0, {self.n})")
+    x = self._round(i.astype(np.uint64))
+    bad = x >= self.n
+    while bad.any():
+        x[bad] = self._round(x[bad]); bad = x >= self.n
+    return x.astype(np.int64)
 
 # %% ../nbs/04b_shards.ipynb #e69935d9
 SPLIT_KEY = 20240601        # fixed: the validation documents do not depend on training.seed
@@ -170,9 +200,20 @@ def _val_ids(n: int, frac: float) -> np.ndarray:
     k = min(n - 1, max(1, round(n * frac)))
     return np.sort(Perm(n, [SPLIT_KEY])(np.arange(k)))
 
+# %% ../nbs/04b_shards.ipynb #acab672f
 def _rebuild_hint(path):
     return f"Fix: delete {path} and re-run `wf data tokenize` (get_data rebuilds cached shards by itself)."
 
+def _read_manifest(path: Path) -> dict:
+    "The wf_nb manifest in `path`, or one made for its pretokenized files; `DataError` for a broken or foreign manifest."
+    mp_ = path/MANIFEST
+    if not mp_.exists(): return _scan_rows(path)
+    try: m = json.loads(mp_.read_text())
+    except json.JSONDecodeError as e: raise DataError(f"{mp_} is not valid JSON ({e}). {_rebuild_hint(path)}") from None
+    if m.get('format') != 'wf_nb.tokens': raise DataError(f"{mp_} is not a wf_nb token manifest. {_rebuild_hint(path)}")
+    return m
+
+# %% ../nbs/04b_shards.ipynb #b857a82d
 class TokenShards:
     "Memory-mapped token shards (wf_nb manifest, or pretokenized (N, S) files) with an LRU of open files."
     VERIFIED = '.wf_verified.json'   # {file: [size, mtime_ns, sha256]} of shards whose checksum matched
@@ -181,13 +222,7 @@ class TokenShards:
         self.path = Path(path); self.max_open = max_open; self._open_files = OrderedDict()
         self.verify, self._verified = verify, set()   # verify: each shard's SHA-256 on first open (see `_verify`)
         if not self.path.exists(): raise DataError(f"token data {self.path} does not exist. Tokenize first: wf data tokenize --source SOURCE --output-path {self.path}")
-        mp_ = self.path/MANIFEST
-        if mp_.exists():
-            try: self.manifest = json.loads(mp_.read_text())
-            except json.JSONDecodeError as e: raise DataError(f"{mp_} is not valid JSON ({e}). {_rebuild_hint(self.path)}") from None
-            if self.manifest.get('format') != 'wf_nb.tokens': raise DataError(f"{mp_} is not a wf_nb token manifest. {_rebuild_hint(self.path)}")
-        else: self.manifest = _scan_rows(self.path)
-        m = self.manifest
+        self.manifest = m = _read_manifest(self.path)
         self.layout, self.dtype = m['layout'], np.dtype(m['dtype'])
         self.shards = m['shards']; self.eos_id = m.get('eos_id')
         self.n_docs = np.array([s['n_docs'] for s in self.shards], np.int64)
@@ -198,33 +233,42 @@ class TokenShards:
             raise DataError(f"{self.path}: token ids up to {m['max_id']} but the vocabulary has {self.vocab_size} ids. "
                             f"These shards were made for a larger vocabulary: re-tokenize with the model's tokenizer.")
 
-    def check_tokenizer(self, tokenizer):
-        "Raise `DataError` unless `tokenizer` encodes the shards' ids the same way."
-        t = self.manifest.get('tokenizer')
-        if not t: return
-        n = t['vocab_size']
-        if len(tokenizer) < n or tokenizer_id(tokenizer, n)['hash'] != t['hash']:
-            raise DataError(f"{self.path} was tokenized with {t['name']!r} (vocab {n}, hash {t['hash']}) but the model's tokenizer is "
-                            f"{getattr(tokenizer, 'name_or_path', '?')!r} (vocab {len(tokenizer)}, hash {tokenizer_id(tokenizer, min(n, len(tokenizer)))['hash']}). "
-                            f"Re-tokenize with the model's tokenizer (wf data tokenize ... or delete {self.path}), or set model.tokenizer to the one the shards were made with.")
+# %% ../nbs/04b_shards.ipynb #7feed38c
+@patch
+def check_tokenizer(self: TokenShards, tokenizer):
+    "Raise `DataError` unless `tokenizer` encodes the shards' ids the same way."
+    t = self.manifest.get('tokenizer')
+    if not t: return
+    n = t['vocab_size']
+    if len(tokenizer) < n or tokenizer_id(tokenizer, n)['hash'] != t['hash']:
+        raise DataError(f"{self.path} was tokenized with {t['name']!r} (vocab {n}, hash {t['hash']}) but the model's tokenizer is "
+                        f"{getattr(tokenizer, 'name_or_path', '?')!r} (vocab {len(tokenizer)}, hash {tokenizer_id(tokenizer, min(n, len(tokenizer)))['hash']}). "
+                        f"Re-tokenize with the model's tokenizer (wf data tokenize ... or delete {self.path}), or set model.tokenizer to the one the shards were made with.")
 
 # %% ../nbs/04b_shards.ipynb #5a1d0011
 def _load_array(f: Path):
     "A memory map of the `.npy` / `.pt` array in `f` (`.pt`: a tensor, loaded with `weights_only`)."
     return torch.load(f, mmap=True, weights_only=True).numpy() if f.suffix == '.pt' else np.load(f, mmap_mode='r', allow_pickle=False)
 
+# %% ../nbs/04b_shards.ipynb #eb5108f5
+def _rows_file(f: Path, S, dt) -> np.ndarray:
+    "The memory-mapped (N, S) integer array of pretokenized file `f`, or a `DataError` saying what is wrong with it."
+    try: a = _load_array(f)
+    except Exception as e: raise DataError(f"pretokenized file {f} is unreadable ({type(e).__name__}: {e}). Remove or regenerate it.") from None
+    if a.ndim != 2 or a.dtype.kind not in 'iu':
+        raise DataError(f"pretokenized file {f} has shape {a.shape} and dtype {a.dtype}; expected integer ids of shape (num_sequences, seq_len).")
+    if S is not None and a.shape[1] != S: raise DataError(f"pretokenized file {f} has rows of {a.shape[1]} tokens, other files {S}. All files need the same seq_len.")
+    if dt is not None and a.dtype != dt: raise DataError(f"pretokenized file {f} has dtype {a.dtype}, other files {dt}. Convert them to one dtype.")
+    return a
+
+# %% ../nbs/04b_shards.ipynb #5a8b4b33
 def _scan_rows(path: Path) -> dict:
     "A manifest for a folder of pretokenized (N, S) .npy/.pt files (header reads only)."
     files = sorted(f for f in path.iterdir() if f.suffix in ('.npy', '.pt') and not f.name.startswith('.'))
     if not files: raise DataError(f"{path} has no {MANIFEST} and no .npy/.pt files. Tokenize a text source into it: wf data tokenize SOURCE --out {path}")
     shards, S, dt = [], None, None
     for f in files:
-        try: a = _load_array(f)
-        except Exception as e: raise DataError(f"pretokenized file {f} is unreadable ({type(e).__name__}: {e}). Remove or regenerate it.") from None
-        if a.ndim != 2 or a.dtype.kind not in 'iu':
-            raise DataError(f"pretokenized file {f} has shape {a.shape} and dtype {a.dtype}; expected integer ids of shape (num_sequences, seq_len).")
-        if S is not None and a.shape[1] != S: raise DataError(f"pretokenized file {f} has rows of {a.shape[1]} tokens, other files {S}. All files need the same seq_len.")
-        if dt is not None and a.dtype != dt: raise DataError(f"pretokenized file {f} has dtype {a.dtype}, other files {dt}. Convert them to one dtype.")
+        a = _rows_file(f, S, dt)
         S, dt = a.shape[1], a.dtype
         shards.append({'file': f.name, 'n_rows': int(a.shape[0]), 'n_docs': int(a.shape[0]), 'n_tokens': int(a.size)})
     return {'format': 'wf_nb.tokens', 'layout': 'rows', 'dtype': dt.name, 'seq_len': int(S), 'shards': shards,
@@ -232,9 +276,8 @@ def _scan_rows(path: Path) -> dict:
 
 # %% ../nbs/04b_shards.ipynb #5a1d0013
 @patch
-def _file(self: TokenShards, k: int, key='file'):
-    ck = (k, key)
-    if ck in self._open_files: self._open_files.move_to_end(ck); return self._open_files[ck]
+def _open_shard(self: TokenShards, k: int, key='file') -> np.ndarray:
+    "Memory-map file `key` ('file': tokens, 'docs': document starts) of shard `k`, checked against the manifest."
     s = self.shards[k]; f = self.path/s[key]
     if f.is_symlink() and not f.exists():
         raise DataError(f"shard {f} is a link to {os.readlink(f)}, which is gone (wf data split links files, never copies them): "
@@ -249,12 +292,22 @@ def _file(self: TokenShards, k: int, key='file'):
         want = (s['n_tokens'],) if self.layout == 'flat' else (s['n_rows'], self.manifest['seq_len'])
         if tuple(arr.shape) != tuple(want):
             raise DataError(f"shard {f} has shape {tuple(arr.shape)} but the manifest says {tuple(want)} (truncated or replaced). {_rebuild_hint(self.path)}")
-    digest = s.get('sha256' if key == 'file' else 'docs_sha256')
-    if self.verify and digest and ck not in self._verified: self._verify(f, digest); self._verified.add(ck)
+    return arr
+
+# %% ../nbs/04b_shards.ipynb #14ae7e90
+@patch
+def _file(self: TokenShards, k: int, key='file'):
+    "File `key` of shard `k` (see `_open_shard`), from the LRU of open files."
+    ck = (k, key)
+    if ck in self._open_files: self._open_files.move_to_end(ck); return self._open_files[ck]
+    arr = self._open_shard(k, key)
+    digest = self.shards[k].get('sha256' if key == 'file' else 'docs_sha256')
+    if self.verify and digest and ck not in self._verified: self._verify(self.path/self.shards[k][key], digest); self._verified.add(ck)
     self._open_files[ck] = arr
     while len(self._open_files) > self.max_open: self._open_files.popitem(last=False)
     return arr
 
+# %% ../nbs/04b_shards.ipynb #b1218961
 @patch
 def _verify(self: TokenShards, f: Path, want: str):
     "Refuse a shard whose SHA-256 differs from the manifest's; a file unchanged (size, mtime) since it last matched is not re-hashed."
@@ -291,6 +344,7 @@ def split_view(self: TokenShards, split: str, seq_len: int, val_fraction: float 
     segs = self._segments(val, want_val=(split == 'val'))
     return FlatWindows(self, segs, seq_len)
 
+# %% ../nbs/04b_shards.ipynb #b9a1ce9d
 @patch
 def _doc_span(self: TokenShards, k, d):
     "Token range [a, b) of document d of shard k."
@@ -298,6 +352,7 @@ def _doc_span(self: TokenShards, k, d):
     a = int(starts[d]); b = int(starts[d + 1]) if d + 1 < len(starts) else self.shards[k]['n_tokens']
     return a, b
 
+# %% ../nbs/04b_shards.ipynb #04e2e750
 @patch
 def _segments(self: TokenShards, val: np.ndarray, want_val: bool):
     "Contiguous (shard, start, length) token runs of the wanted documents."
@@ -324,6 +379,7 @@ class Windows:
     @property
     def where(self): return self.store.path
 
+# %% ../nbs/04b_shards.ipynb #8e0c346e
 class FlatWindows(Windows):
     def __init__(self, store: TokenShards, segs, seq_len):
         self.store, self.S = store, seq_len
@@ -361,6 +417,7 @@ class DocWindows(Windows):
         w = np.asarray(self.store._file(int(self.shard[j]))[a:b], np.int64)
         return np.r_[w, np.full(self.S - len(w), PAD)] if len(w) < self.S else w
 
+# %% ../nbs/04b_shards.ipynb #a7fab1f4
 class RowWindows(Windows):
     "Rows of pretokenized files: the rows in `ids` (exclude=False) or all rows but those (exclude=True, O(len(ids)) memory)."
     def __init__(self, store: TokenShards, ids: np.ndarray, seq_len, n_rows, exclude=False):
@@ -385,6 +442,16 @@ FORMAT_VERSION = 1
 def _is_token_dir(p: Path) -> bool:
     return p.is_dir() and ((p/MANIFEST).exists() or any(f.suffix in ('.npy', '.pt') for f in p.iterdir()))
 
+# %% ../nbs/04b_shards.ipynb #9fbfa0db
+def _compatible_cached(root: Path, prefix: str, tokenizer) -> Path | None:
+    "A cached shard folder `root/{prefix}-*` whose ids `tokenizer` encodes the same way (e.g. made before `add_fim_tokens`), or None."
+    for cand in sorted(root.glob(f'{prefix}-*')):
+        if (cand/MANIFEST).exists():
+            try: TokenShards(cand).check_tokenizer(tokenizer); return cand
+            except DataError: pass
+    return None
+
+# %% ../nbs/04b_shards.ipynb #b84fb9c9
 def shards_for(spec: str, tokenizer, text_field='text', shards_dir='', streaming=False, num_proc=1, verbose=True,
                encoding='utf-8', decode_errors='strict') -> Path:
     "The token-shard directory for source `spec`: used as is if it holds tokens, else built (once) in the cache."
@@ -395,10 +462,7 @@ def shards_for(spec: str, tokenizer, text_field='text', shards_dir='', streaming
     slug = re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(spec).name or spec)[-40:]
     root = Path(shards_dir) if shards_dir else cache_dir('data')
     root.mkdir(parents=True, exist_ok=True)
-    for cand in sorted(root.glob(f'{slug}-{key}-*')):          # any compatible tokenizer's shards (e.g. before add_fim_tokens)
-        if (cand/MANIFEST).exists():
-            try: TokenShards(cand).check_tokenizer(tokenizer); return cand
-            except DataError: pass
+    if (found := _compatible_cached(root, f'{slug}-{key}', tokenizer)) is not None: return found
     out = root/f"{slug}-{key}-{tokenizer_id(tokenizer)['hash']}"
     import fcntl
     with open(root/f'.{out.name}.lock', 'w') as lock:       # several ranks/processes: one tokenizes, the others wait
@@ -408,30 +472,43 @@ def shards_for(spec: str, tokenizer, text_field='text', shards_dir='', streaming
     return out
 
 # %% ../nbs/04b_shards.ipynb #c4946e4d
+def _checksum_error(path: Path, s: dict) -> str | None:
+    "Why shard `s` at `path` (its tokens or its document starts) fails the manifest's SHA-256, or None."
+    f = path/s['file']
+    if s.get('sha256') and sha256_file(f) != s['sha256']:
+        return f"{f}: checksum mismatch (corrupted). {_rebuild_hint(path)}"
+    if s.get('docs_sha256') and s.get('docs') and sha256_file(path/s['docs']) != s['docs_sha256']:
+        return f"{path/s['docs']}: checksum mismatch (corrupted document offsets). {_rebuild_hint(path)}"
+
+# %% ../nbs/04b_shards.ipynb #e2541682
+def _scan_ids(a: np.ndarray, counts: np.ndarray, eos_id) -> tuple:
+    "Add the ids of `a` to the histogram `counts` (ids past its end in the last bin); return (min, max, EOS count)."
+    flat = a.reshape(-1); lo, hi, n_eos = None, None, 0
+    for i in range(0, flat.size, 1 << 24):
+        blk = np.asarray(flat[i:i + (1 << 24)]).astype(np.int64)
+        if not blk.size: continue
+        bl, bh = int(blk.min()), int(blk.max()); lo = bl if lo is None else min(lo, bl); hi = bh if hi is None else max(hi, bh)
+        counts += np.bincount(np.minimum(blk, counts.size - 1), minlength=counts.size)
+        if eos_id is not None: n_eos += int((blk == eos_id).sum())
+    return lo, hi, n_eos
+
+# %% ../nbs/04b_shards.ipynb #37352efc
 def _count_ids(st: TokenShards, path: Path, vocab_size, checksums: bool, errors: list) -> dict:
     "Id histogram, token / EOS counts, id range and per-file facts of every shard of `st` (problems go to `errors`)."
     V = vocab_size or st.manifest.get('vocab_size') or (1 << 16 if st.dtype.itemsize <= 2 else 1 << 32)
     counts = np.zeros(min(V, 1 << 24) + 1, np.int64)
     n_tok, n_eos, lo, hi, files = 0, 0, None, None, []
     for k, s in enumerate(st.shards):
-        f = path/s['file']
         try: a = st._file(k)
         except DataError as e: errors.append(str(e)); continue
-        if checksums and s.get('sha256') and sha256_file(f) != s['sha256']:
-            errors.append(f"{f}: checksum mismatch (corrupted). {_rebuild_hint(path)}"); continue
-        if checksums and s.get('docs_sha256') and s.get('docs') and sha256_file(path/s['docs']) != s['docs_sha256']:
-            errors.append(f"{path/s['docs']}: checksum mismatch (corrupted document offsets). {_rebuild_hint(path)}"); continue
-        flat = a.reshape(-1)
-        for i in range(0, flat.size, 1 << 24):
-            blk = np.asarray(flat[i:i + (1 << 24)]).astype(np.int64)
-            if not blk.size: continue
-            bl, bh = int(blk.min()), int(blk.max()); lo = bl if lo is None else min(lo, bl); hi = bh if hi is None else max(hi, bh)
-            counts += np.bincount(np.minimum(blk, counts.size - 1), minlength=counts.size)
-            if st.eos_id is not None: n_eos += int((blk == st.eos_id).sum())
-        n_tok += flat.size
-        files.append({'file': s['file'], 'shape': list(a.shape), 'dtype': str(a.dtype), 'min_id': bl if flat.size else None, 'max_id': bh if flat.size else None})
+        if checksums and (err := _checksum_error(path, s)): errors.append(err); continue
+        fl, fh, fe = _scan_ids(a, counts, st.eos_id)
+        if fl is not None: lo = fl if lo is None else min(lo, fl); hi = fh if hi is None else max(hi, fh)
+        n_tok += a.size; n_eos += fe
+        files.append({'file': s['file'], 'shape': list(a.shape), 'dtype': str(a.dtype), 'min_id': fl, 'max_id': fh})
     return dict(counts=counts, n_tok=n_tok, n_eos=n_eos, lo=lo, hi=hi, files=files)
 
+# %% ../nbs/04b_shards.ipynb #02d959ce
 def _print_report(rep: dict, path: Path, st):
     print(f"== data validate: {path}")
     print(f"format      : {rep['layout']} ({'wf_nb manifest' if st and (path/MANIFEST).exists() else 'pretokenized files'}), dtype {rep['dtype']}, {rep['n_files']} file(s)")
@@ -454,6 +531,38 @@ def _doc_count_errors(st: TokenShards, path) -> list[str]:
         errs.append(f"manifest n_docs {st.manifest.get('n_docs')} is not the sum of its shards' ({sum(s.get('n_docs') or 0 for s in st.shards)}). {_rebuild_hint(path)}")
     return errs
 
+# %% ../nbs/04b_shards.ipynb #35f31236
+def _check_shards(st: TokenShards, path: Path, vocab_size, seq_len, checksums: bool, errors: list) -> dict:
+    "`_count_ids` of the shards `st` at `path`, adding to `errors` every disagreement with `vocab_size`, `seq_len` and the manifest."
+    if st.layout == 'rows' and seq_len and st.manifest['seq_len'] != seq_len:
+        errors.append(f"rows have seq_len {st.manifest['seq_len']}, expected {seq_len}")
+    c = _count_ids(st, path, vocab_size, checksums, errors)
+    if c['hi'] is not None and vocab_size and c['hi'] >= vocab_size:
+        errors.append(f"ids up to {c['hi']} but vocab_size={vocab_size}: the data was tokenized for a larger vocabulary; re-tokenize.")
+    if st.layout == 'flat' and st.manifest.get('n_tokens') != c['n_tok'] and not errors:
+        errors.append(f"manifest counts {st.manifest.get('n_tokens')} tokens, files hold {c['n_tok']}. {_rebuild_hint(path)}")
+    if c['n_tok'] == 0: errors.append(f"{path}: no tokens (empty corpus)")
+    if st.layout == 'flat': errors.extend(_doc_count_errors(st, path))
+    return c
+
+# %% ../nbs/04b_shards.ipynb #6d753d0a
+def _validate_report(st, path: Path, c: dict, vocab_size, errors: list) -> dict:
+    "The `data_validate` report of the shards `st` at `path` from the counts `c` of `_check_shards`."
+    counts, n_tok = c['counts'], c['n_tok']
+    used = int((counts[:-1] > 0).sum()) if counts is not None else 0
+    rep = {'ok': not errors, 'path': str(path), 'errors': errors, 'files': c['files'], 'n_files': len(c['files']),
+           'layout': st.layout if st else None, 'dtype': st.dtype.name if st else None,
+           'seq_len': st.manifest.get('seq_len') if st else None, 'n_tokens': n_tok,
+           'n_sequences': (st.manifest['n_docs'] if st and st.layout == 'rows' else None),
+           'n_docs': (st.manifest.get('n_docs') if st and st.layout == 'flat' else None),
+           'min_id': c['lo'], 'max_id': c['hi'], 'vocab_size': vocab_size or (st.manifest.get('vocab_size') if st else None),
+           'unique_ids': used, 'eos_count': c['n_eos'], 'tokenizer': st.manifest.get('tokenizer') if st else None}
+    if rep['n_docs']: rep['mean_doc_tokens'] = round(n_tok / rep['n_docs'], 1)
+    if counts is not None and n_tok:
+        top = np.argsort(counts[:-1])[::-1][:5]; rep['top_ids'] = [(int(i), int(counts[i])) for i in top if counts[i]]
+    return rep
+
+# %% ../nbs/04b_shards.ipynb #8011c67a
 def data_validate(data_path, vocab_size: int | None = None, seq_len: int | None = None, checksums: bool = True,
                   tokenizer=None, verbose: bool = True) -> dict:
     """Check token data at `data_path` (manifest shards, pretokenized (N, S) files, or a `data_split` output) and
@@ -471,28 +580,8 @@ def data_validate(data_path, vocab_size: int | None = None, seq_len: int | None 
         try: st.check_tokenizer(tokenizer)
         except DataError as e: errors.append(str(e))
     c = dict(counts=None, n_tok=0, n_eos=0, lo=None, hi=None, files=[])
-    if st is not None:
-        if st.layout == 'rows' and seq_len and st.manifest['seq_len'] != seq_len:
-            errors.append(f"rows have seq_len {st.manifest['seq_len']}, expected {seq_len}")
-        c = _count_ids(st, path, vocab_size, checksums, errors)
-        if c['hi'] is not None and vocab_size and c['hi'] >= vocab_size:
-            errors.append(f"ids up to {c['hi']} but vocab_size={vocab_size}: the data was tokenized for a larger vocabulary; re-tokenize.")
-        if st.layout == 'flat' and st.manifest.get('n_tokens') != c['n_tok'] and not errors:
-            errors.append(f"manifest counts {st.manifest.get('n_tokens')} tokens, files hold {c['n_tok']}. {_rebuild_hint(path)}")
-        if c['n_tok'] == 0: errors.append(f"{path}: no tokens (empty corpus)")
-        if st.layout == 'flat': errors += _doc_count_errors(st, path)
-    counts, n_tok = c['counts'], c['n_tok']
-    used = int((counts[:-1] > 0).sum()) if counts is not None else 0
-    rep = {'ok': not errors, 'path': str(path), 'errors': errors, 'files': c['files'], 'n_files': len(c['files']),
-           'layout': st.layout if st else None, 'dtype': st.dtype.name if st else None,
-           'seq_len': st.manifest.get('seq_len') if st else None, 'n_tokens': n_tok,
-           'n_sequences': (st.manifest['n_docs'] if st and st.layout == 'rows' else None),
-           'n_docs': (st.manifest.get('n_docs') if st and st.layout == 'flat' else None),
-           'min_id': c['lo'], 'max_id': c['hi'], 'vocab_size': vocab_size or (st.manifest.get('vocab_size') if st else None),
-           'unique_ids': used, 'eos_count': c['n_eos'], 'tokenizer': st.manifest.get('tokenizer') if st else None}
-    if rep['n_docs']: rep['mean_doc_tokens'] = round(n_tok / rep['n_docs'], 1)
-    if counts is not None and n_tok:
-        top = np.argsort(counts[:-1])[::-1][:5]; rep['top_ids'] = [(int(i), int(counts[i])) for i in top if counts[i]]
+    if st is not None: c = _check_shards(st, path, vocab_size, seq_len, checksums, errors)
+    rep = _validate_report(st, path, c, vocab_size, errors)
     if verbose: _print_report(rep, path, st)
     return rep
 
@@ -501,6 +590,17 @@ def _link(src: Path, dst: Path):
     try: os.link(src, dst)
     except OSError: os.symlink(src.resolve(), dst)
 
+def _split_folder(d: Path, src: Path, st: TokenShards, sh: list):
+    "Make folder `d` of links to the shards `sh` of `st` (at `src`), with a manifest of just those when `src` has one."
+    d.mkdir()
+    for s in sh:
+        for key in ('file', 'docs'):
+            if s.get(key): _link(src/s[key], d/s[key])
+    if (src/MANIFEST).exists():
+        m = dict(st.manifest, shards=sh, n_tokens=sum(s['n_tokens'] for s in sh), n_docs=sum(s['n_docs'] for s in sh), split_of=str(src))
+        (d/MANIFEST).write_text(json.dumps(m, indent=1))      # inside the temporary folder: renamed into place whole
+
+# %% ../nbs/04b_shards.ipynb #57398231
 def data_split(data_path, output_path, val_ratio: float = 0.01, seed: int = 0, verbose: bool = True) -> dict:
     "Split the files at `data_path` into `output_path/{train,val}` as links (no copies), `val_ratio` of files to val."
     src = Path(data_path); out = Path(output_path)
@@ -513,17 +613,11 @@ def data_split(data_path, output_path, val_ratio: float = 0.01, seed: int = 0, v
     if out.exists(): raise DataError(f"{out} already exists; choose a new --output-path or remove it.")
     k = min(n - 1, max(1, round(n * val_ratio))) if val_ratio > 0 else 0
     val = set(Perm(n, [seed, SPLIT_KEY])(np.arange(k)).tolist())
+    sh = {'train': [s for i, s in enumerate(st.shards) if i not in val], 'val': [s for i, s in enumerate(st.shards) if i in val]}
     def write(tmp):
-        for name, keep in (('train', lambda i: i not in val), ('val', lambda i: i in val))[:2 if k else 1]:   # no val folder for 0
-            d = tmp/name; d.mkdir(); sh = [s for i, s in enumerate(st.shards) if keep(i)]
-            for s in sh:
-                for key in ('file', 'docs'):
-                    if s.get(key): _link(src/s[key], d/s[key])
-            if (src/MANIFEST).exists():
-                m = dict(st.manifest, shards=sh, n_tokens=sum(s['n_tokens'] for s in sh), n_docs=sum(s['n_docs'] for s in sh), split_of=str(src))
-                (d/MANIFEST).write_text(json.dumps(m, indent=1))      # inside the temporary folder: renamed into place whole
+        _split_folder(tmp/'train', src, st, sh['train'])
+        if k: _split_folder(tmp/'val', src, st, sh['val'])           # no val folder for val_ratio 0
     atomic_dir(out, write, exists='keep')                             # 'keep': another process finished first
-    rep = {'train': sorted(s['file'] for i, s in enumerate(st.shards) if i not in val),
-           'val': sorted(s['file'] for i, s in enumerate(st.shards) if i in val), 'output_path': str(out)}
+    rep = {'train': sorted(s['file'] for s in sh['train']), 'val': sorted(s['file'] for s in sh['val']), 'output_path': str(out)}
     if verbose: print(f"split {src}: {len(rep['train'])} train / {len(rep['val'])} val file(s) -> {out}/{{train,val}} (links)")
     return rep
