@@ -43,6 +43,7 @@ def ternarize_(model: nn.Module, placement: str = 'paper', haar: bool = False, a
         if bitnet_native: _fuse_bitnet_sublns(layer)
     return model
 
+# %% ../nbs/03_convert.ipynb #df57512d
 BITNET_SUBLNS = (('self_attn', 'attn_sub_norm', 'o_proj'), ('mlp', 'ffn_sub_norm', 'down_proj'))
 # transformers' BitNetDecoderLayer: each pre-norm's output goes to these projections and nowhere else
 BITNET_INPUT_NORMS = (('input_layernorm', 'self_attn', ('q_proj', 'k_proj', 'v_proj')),
@@ -94,6 +95,7 @@ _BASE_KEYS = ('vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_laye
 def _src_type(cfg) -> str:
     return cfg.model_type[3:] if cfg.model_type.startswith('wf_') else cfg.model_type
 
+# %% ../nbs/03_convert.ipynb #d1cd6875
 def _student_config(fp_cfg, qc: QuantConfig):
     "The student's config class instance and model class for source config `fp_cfg` and `qc`."
     mt = fp_cfg.model_type
@@ -119,6 +121,7 @@ def _student_config(fp_cfg, qc: QuantConfig):
     kw['attention_bias'] = attn_bias
     return WFLlamaConfig(**kw, **wf), WFLlamaForCausalLM
 
+# %% ../nbs/03_convert.ipynb #27600fde
 def _adapt_state_dict(sd: dict, model: nn.Module, haar: bool) -> dict:
     "FP state dict -> student's: new norms at 1, missing (o_proj) biases at 0, Haar-folded BitLinear weights."
     sd = dict(sd); target = model.state_dict()
@@ -150,26 +153,37 @@ def convert(fp_model: nn.Module, quant_cfg: QuantConfig | None = None) -> nn.Mod
     return student.train(fp_model.training)
 
 # %% ../nbs/03_convert.ipynb #c23a432a
-@torch.no_grad()
-def calibrate_sublns(student: nn.Module, fp_model: nn.Module, ids: torch.Tensor) -> dict:
-    "Set every inserted norm's weight to the mean per-token RMS of its input in `fp_model` on `ids`; returns `{name: rms}`."
-    fp_lin = {n: m for n, m in fp_model.named_modules() if isinstance(m, nn.Linear)}
-    targets = {}   # student norm weight -> name of the FP linear whose input it normalizes
+def _subln_targets(student: nn.Module, fp_names) -> dict:
+    "`{student norm name: (its weight, name of the FP linear whose input it normalizes)}` for every inserted norm."
+    targets = {}
     for n, m in bitlinears(student):
-        if m.rms_norm is not None and n in fp_lin: targets[n] = (m.rms_norm.weight, n)
+        if m.rms_norm is not None and n in fp_names: targets[n] = (m.rms_norm.weight, n)
     for i, layer in enumerate(getattr(getattr(student, 'model', None), 'layers', [])):   # BitNet-native sub-norms
         for sub, norm, lin in BITNET_SUBLNS:
             w = getattr(getattr(getattr(layer, sub, None), norm, None), 'weight', None)
             if w is not None: targets[f'model.layers.{i}.{sub}.{norm}'] = (w, f'model.layers.{i}.{sub}.{lin}')
-    need = {lin for _, lin in targets.values()}
+    return targets
+
+# %% ../nbs/03_convert.ipynb #8b5e425a
+def _input_rms(fp_model: nn.Module, lins: dict, ids: torch.Tensor) -> dict:
+    "`{name: mean per-token RMS of the input of linear lins[name]}` over one forward of `fp_model` on `ids`."
     rms, hooks = {}, []
     def hook(name):
         def f(mod, args): rms[name] = args[0].float().pow(2).mean(-1).sqrt().mean().item()
         return f
-    for name in need: hooks.append(fp_lin[name].register_forward_pre_hook(hook(name)))
+    for name, lin in lins.items(): hooks.append(lin.register_forward_pre_hook(hook(name)))
     try: fp_model(input_ids=ids, use_cache=False)
     finally:
         for h in hooks: h.remove()
+    return rms
+
+# %% ../nbs/03_convert.ipynb #62db51d5
+@torch.no_grad()
+def calibrate_sublns(student: nn.Module, fp_model: nn.Module, ids: torch.Tensor) -> dict:
+    "Set every inserted norm's weight to the mean per-token RMS of its input in `fp_model` on `ids`; returns `{name: rms}`."
+    fp_lin = {n: m for n, m in fp_model.named_modules() if isinstance(m, nn.Linear)}
+    targets = _subln_targets(student, fp_lin)
+    rms = _input_rms(fp_model, {lin: fp_lin[lin] for _, lin in targets.values()}, ids)
     for key, (w, lin) in targets.items(): w.fill_(rms[lin])
     return {k: rms[lin] for k, (w, lin) in targets.items()}
 
@@ -209,6 +223,7 @@ def _read_state_dict(path: Path) -> dict:
                              f"run the stage or export that wrote it again") from e
     return sd
 
+# %% ../nbs/03_convert.ipynb #f711f618
 def load(path, dtype=None) -> nn.Module:
     "Any checkpoint wf_nb wrote (or a plain FP HF dir) -> the model as wf_nb trains it, loaded strictly."
     path = Path(path)
@@ -242,6 +257,7 @@ def _text_of(t) -> str:
         return Path(t).read_text(errors='ignore')
     return t
 
+# %% ../nbs/03_convert.ipynb #4cc26448
 def heldout_ids(tokenizer, n_seq: int = 8, seq_len: int = 256, texts=None) -> torch.Tensor:
     "`[n_seq, seq_len]` token ids from the ends of `texts` (file paths or strings; default Shakespeare's plays)."
     from wf_nb.assets import shakespeare_files
@@ -255,6 +271,7 @@ def heldout_ids(tokenizer, n_seq: int = 8, seq_len: int = 256, texts=None) -> to
     if len(rows) < n_seq: raise ValueError(f"only {len(rows)} held-out sequences of {seq_len} tokens available")
     return torch.tensor(rows)
 
+# %% ../nbs/03_convert.ipynb #eb8389d2
 def calibration_ids(tokenizer, n_seq: int = 4, seq_len: int = 256, texts=None) -> torch.Tensor:
     "`[n_seq, seq_len]` token ids from the middles of `texts` (default Shakespeare), apart from the held-out ends."
     from wf_nb.assets import shakespeare_files
@@ -266,6 +283,7 @@ def calibration_ids(tokenizer, n_seq: int = 4, seq_len: int = 256, texts=None) -
         if len(rows) == n_seq: break
     return torch.tensor(rows)
 
+# %% ../nbs/03_convert.ipynb #95fe66b3
 @torch.no_grad()
 def compare_logits(models: dict, ids: torch.Tensor, ref: str = 'fp', batch_tokens: int = 512) -> list[dict]:
     "Per model: perplexity on `ids`, mean logit cosine and top-1 agreement vs `models[ref]` (rows batched to ~`batch_tokens`)."
@@ -307,6 +325,7 @@ def _autocast_for(model: nn.Module, precision: str):
     if precision == 'auto': precision = default_precision()
     return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=precision == 'bf16')
 
+# %% ../nbs/03_convert.ipynb #6b0c4191
 def run_stage1(cfg: WFConfig, out_dir, overwrite: bool = False, n_seq: int | None = None, seq_len: int | None = None) -> dict:
     "Stage 1 end to end: FP model -> converted student -> report -> HF checkpoint in `out_dir`."
     from wf_nb.assets import load_fp_model, load_tokenizer
