@@ -27,6 +27,7 @@ def position_ids_for(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     last = torch.cummax(torch.where(start, idx, torch.zeros_like(idx)), dim=1).values
     return idx - last
 
+# %% ../nbs/04c_stream.ipynb #ed157839
 def doc_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
     "Causal block-diagonal mask `[B, 1, S, S]` (True = attend) from per-document positions."
     doc = np.cumsum(position_ids.numpy() == 0, axis=1)
@@ -34,6 +35,7 @@ def doc_attention_mask(position_ids: torch.Tensor) -> torch.Tensor:
     m &= np.tri(doc.shape[1], dtype=bool)
     return torch.from_numpy(m[:, None])
 
+# %% ../nbs/04c_stream.ipynb #751bcde0
 def pack_batch(windows: list[np.ndarray], eos_id: int, doc_mask: bool = False) -> dict:
     """A batch dict from equal-length windows: `input_ids`, `labels`, and either nothing more (continuous positions,
     causal mask; a `[B, S]` `attention_mask` when padded) or, with `doc_mask`, restarted `position_ids` and a
@@ -63,15 +65,23 @@ class MixPlanner:
         iw[np.argmax(w)] += self.SCALE - iw.sum()
         self.w = [int(v) for v in iw]; self.total = self.SCALE
         self.slot, self.counts, self.credits = 0, [0] * len(self.w), [0] * len(self.w)
-    def next(self) -> tuple[int, int]:
-        "(component, its local index) for the next slot."
-        c = self.credits
-        for i, wi in enumerate(self.w): c[i] += wi
-        j = max(range(len(c)), key=lambda i: (c[i], -i))
-        c[j] -= self.total; n = self.counts[j]; self.counts[j] += 1; self.slot += 1
-        return j, n
-    def state(self) -> dict: return {'slot': self.slot, 'counts': list(self.counts), 'credits': list(self.credits)}
-    def load(self, s): self.slot, self.counts, self.credits = int(s['slot']), list(s['counts']), list(s['credits'])
+
+# %% ../nbs/04c_stream.ipynb #7014534c
+@patch
+def next(self: MixPlanner) -> tuple[int, int]:
+    "(component, its local index) for the next slot."
+    c = self.credits
+    for i, wi in enumerate(self.w): c[i] += wi
+    j = max(range(len(c)), key=lambda i: (c[i], -i))
+    c[j] -= self.total; n = self.counts[j]; self.counts[j] += 1; self.slot += 1
+    return j, n
+
+# %% ../nbs/04c_stream.ipynb #7bc6cab8
+@patch
+def state(self: MixPlanner) -> dict: return {'slot': self.slot, 'counts': list(self.counts), 'credits': list(self.credits)}
+
+@patch
+def load(self: MixPlanner, s): self.slot, self.counts, self.credits = int(s['slot']), list(s['counts']), list(s['credits'])
 
 # %% ../nbs/04c_stream.ipynb #956503df
 FIM_TOKENS = ('<fim_prefix>', '<fim_middle>', '<fim_suffix>', '<fim_pad>')
@@ -85,6 +95,7 @@ def add_fim_tokens(tokenizer, model=None) -> dict:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     return fim_ids(tokenizer)
 
+# %% ../nbs/04c_stream.ipynb #b8c97fb6
 def fim_ids(tokenizer) -> dict:
     "Ids of the FIM sentinels, or a `DataError` saying to call `add_fim_tokens`."
     v = tokenizer.get_vocab()
@@ -92,24 +103,28 @@ def fim_ids(tokenizer) -> dict:
     if missing: raise DataError(f"the tokenizer has no FIM sentinel tokens {missing}: call wf_nb.stream.add_fim_tokens(tokenizer, model) before training with data.fim_rate > 0.")
     return {t.strip('<>').split('_')[1]: v[t] for t in FIM_TOKENS}
 
+# %% ../nbs/04c_stream.ipynb #2cbf17a2
+def _fim_piece(body: np.ndarray, ids: dict, spm_rate: float, rng) -> np.ndarray:
+    "`body` cut into prefix / middle / suffix at two random points, reordered with the sentinels."
+    a, b = np.sort(rng.integers(0, len(body) + 1, 2))
+    pre, mid, suf = body[:a], body[a:b], body[b:]
+    P, M, S = [ids['prefix']], [ids['middle']], [ids['suffix']]
+    if rng.random() < spm_rate: return np.concatenate([P, S, suf, M, pre, mid])
+    return np.concatenate([P, pre, S, suf, M, mid])
+
+# %% ../nbs/04c_stream.ipynb #91b39509
 def apply_fim(tokens: np.ndarray, eos_id: int, ids: dict, rate: float, spm_rate: float, rng) -> np.ndarray:
     "FIM-transform each EOS-delimited piece of `tokens` with probability `rate`; same length out."
     if rate <= 0: return tokens
     n_pad = int((tokens < 0).sum()); full = tokens
     if n_pad: tokens = tokens[:len(tokens) - n_pad]          # padding (pack=False) stays at the end, untouched
-    ends = np.flatnonzero(tokens == eos_id) + 1
-    pieces, out = np.split(tokens, ends), []
-    for p in pieces:
+    out = []
+    for p in np.split(tokens, np.flatnonzero(tokens == eos_id) + 1):
         if not len(p): continue
         eos = p[-1] == eos_id
         body = p[:-1] if eos else p
-        if len(body) >= 2 and rng.random() < rate:
-            a, b = np.sort(rng.integers(0, len(body) + 1, 2))
-            pre, mid, suf = body[:a], body[a:b], body[b:]
-            P, M, S = [ids['prefix']], [ids['middle']], [ids['suffix']]
-            if rng.random() < spm_rate: body = np.concatenate([P, S, suf, M, pre, mid])
-            else: body = np.concatenate([P, pre, S, suf, M, mid])
-        out.append(body); 
+        if len(body) >= 2 and rng.random() < rate: body = _fim_piece(body, ids, spm_rate, rng)
+        out.append(body)
         if eos: out.append([eos_id])
     res = np.concatenate(out).astype(tokens.dtype)[:len(tokens)]
     return np.r_[res, full[len(tokens):]] if n_pad else res
@@ -120,42 +135,58 @@ class _Fetch(torch.utils.data.Dataset):
     def __init__(self, comps, seed, eos_id, vocab, doc_mask, fim):
         self.comps, self.seed, self.eos_id, self.vocab, self.doc_mask, self.fim = comps, seed, eos_id, vocab, doc_mask, fim
         self._perms = {}
+    def __len__(self): return 1 << 62
     def _perm(self, c, epoch):
         key = (c, epoch)
         if key not in self._perms:
             if len(self._perms) > 64: self._perms.clear()
             self._perms[key] = Perm(len(self.comps[c][1]), [self.seed, c, epoch])
         return self._perms[key]
-    def window(self, c, n):
-        label, view = self.comps[c]; N = len(view)
-        w = view.window(int(self._perm(c, n // N)(np.array([n % N]))[0]))
-        if self.fim:
-            ids, rate, spm = self.fim
-            w = apply_fim(w, self.eos_id, ids, rate, spm, np.random.default_rng([self.seed, c, n, 17]))
-        return w
-    def __len__(self): return 1 << 62
-    def __getitem__(self, item):
-        plan, state, pre = item
-        wins = [w if w is not None else self.window(c, n) for (c, n), w in zip(plan, pre)]
-        mx = max(int(w.max()) for w in wins)
-        if mx >= self.vocab:
-            c = next(c for (c, n), w in zip(plan, wins) if w.max() == mx)
-            raise DataError(f"token id {mx} >= vocabulary size {self.vocab} in {self.comps[c][1].where} "
-                            f"(component {self.comps[c][0]!r}). The data was tokenized for a larger vocabulary: re-tokenize it with the model's tokenizer.")
-        b = pack_batch(wins, self.eos_id, self.doc_mask)
-        if len(self.comps) > 1: b['source_ids'] = torch.tensor([c for c, n in plan])   # per-source (per-language) metrics
-        if state is not None: b['_wf_state'] = json.dumps(state)
-        return b
+
+# %% ../nbs/04c_stream.ipynb #1d83d775
+@patch
+def window(self: _Fetch, c, n):
+    label, view = self.comps[c]; N = len(view)
+    w = view.window(int(self._perm(c, n // N)(np.array([n % N]))[0]))
+    if self.fim:
+        ids, rate, spm = self.fim
+        w = apply_fim(w, self.eos_id, ids, rate, spm, np.random.default_rng([self.seed, c, n, 17]))
+    return w
+
+# %% ../nbs/04c_stream.ipynb #56670ebb
+@patch
+def _check_vocab(self: _Fetch, plan, wins):
+    mx = max(int(w.max()) for w in wins)
+    if mx >= self.vocab:
+        c = next(c for (c, n), w in zip(plan, wins) if w.max() == mx)
+        raise DataError(f"token id {mx} >= vocabulary size {self.vocab} in {self.comps[c][1].where} "
+                        f"(component {self.comps[c][0]!r}). The data was tokenized for a larger vocabulary: re-tokenize it with the model's tokenizer.")
+
+# %% ../nbs/04c_stream.ipynb #4023b88d
+@patch
+def __getitem__(self: _Fetch, item):
+    plan, state, pre = item
+    wins = [w if w is not None else self.window(c, n) for (c, n), w in zip(plan, pre)]
+    self._check_vocab(plan, wins)
+    b = pack_batch(wins, self.eos_id, self.doc_mask)
+    if len(self.comps) > 1: b['source_ids'] = torch.tensor([c for c, n in plan])   # per-source (per-language) metrics
+    if state is not None: b['_wf_state'] = json.dumps(state)
+    return b
 
 # %% ../nbs/04c_stream.ipynb #5c2e0006
+def _check_components(comps, weights):
+    "Every weighted component with random access must hold at least one window."
+    for (label, view), w in zip(comps, weights):
+        if w > 0 and not getattr(view, 'sequential', False) and len(view) == 0:
+            raise DataError(f"component {label!r} ({view.where}) has fewer than seq_len={view.S} training tokens "
+                            f"({view.n_tokens}). Use a larger corpus or a smaller data.seq_len.")
+
+# %% ../nbs/04c_stream.ipynb #526caae6
 class TokenStream:
     "Infinite, deterministic, exactly resumable iterator of training batches (see `get_data`)."
     def __init__(self, comps, weights, batch_size, seed=0, rank=0, world_size=1, eos_id=0, vocab_size=1 << 31,
                  doc_mask=False, fim=None, num_workers=0, pin_memory=False, prefetch_factor=2, meta=None):
-        for (label, view), w in zip(comps, weights):
-            if w > 0 and not getattr(view, 'sequential', False) and len(view) == 0:
-                raise DataError(f"component {label!r} ({view.where}) has fewer than seq_len={view.S} training tokens "
-                                f"({view.n_tokens}). Use a larger corpus or a smaller data.seq_len.")
+        _check_components(comps, weights)
         if not 0 <= rank < world_size: raise ValueError(f"rank {rank} not in range(world_size={world_size})")
         self.comps, self.weights, self.B, self.seed = comps, list(weights), batch_size, seed
         self.rank, self.world_size = rank, world_size
@@ -169,36 +200,43 @@ class TokenStream:
         self.meta = dict(meta or {}, seed=seed, weights=[round(w, 9) for w in self.weights], seq_len=comps[0][1].S)
         self._state = self._full_state(); self._loader = None
 
-    def _full_state(self):
-        st = self.planner.state()
-        if self.seq: st['readers'] = {str(c): self.comps[c][1].state() for c in self.seq}
-        return st
-
-    def _load_state(self, st):
-        self.planner.load(st)
-        for c in self.seq: self.comps[c][1].load(st['readers'][str(c)])
-
-    def _plan_step(self):
-        "Advance one global step: this rank's (component, index) pairs, windows of sequential components, state."
-        slots = [self.planner.next() for _ in range(self.B * self.world_size)]
-        pre_all = [self.comps[c][1].next_window(n) if c in self.seq else None for c, n in slots]   # every rank reads them, in order
-        lo, hi = self.rank * self.B, (self.rank + 1) * self.B
-        return slots[lo:hi], pre_all[lo:hi], self._full_state()
-
-    def _plans(self):
-        while True:
-            plan, pre, st = self._plan_step()
-            yield plan, st, pre
-
     def __iter__(self): return self
 
-    @property
-    def source_names(self) -> list[str]:
-        "Component labels; in a mixture batch, row `i` comes from `source_names[batch['source_ids'][i]]`."
-        return [label for label, view in self.comps]
+# %% ../nbs/04c_stream.ipynb #ea2407fe
+@patch
+def _full_state(self: TokenStream):
+    st = self.planner.state()
+    if self.seq: st['readers'] = {str(c): self.comps[c][1].state() for c in self.seq}
+    return st
 
-    @property
-    def seq_len(self) -> int: return self.meta['seq_len']
+@patch
+def _load_state(self: TokenStream, st):
+    self.planner.load(st)
+    for c in self.seq: self.comps[c][1].load(st['readers'][str(c)])
+
+# %% ../nbs/04c_stream.ipynb #0ce39ebf
+@patch
+def _plan_step(self: TokenStream):
+    "Advance one global step: this rank's (component, index) pairs, windows of sequential components, state."
+    slots = [self.planner.next() for _ in range(self.B * self.world_size)]
+    pre_all = [self.comps[c][1].next_window(n) if c in self.seq else None for c, n in slots]   # every rank reads them, in order
+    lo, hi = self.rank * self.B, (self.rank + 1) * self.B
+    return slots[lo:hi], pre_all[lo:hi], self._full_state()
+
+@patch
+def _plans(self: TokenStream):
+    while True:
+        plan, pre, st = self._plan_step()
+        yield plan, st, pre
+
+# %% ../nbs/04c_stream.ipynb #66a6775e
+@patch(as_prop=True)
+def source_names(self: TokenStream) -> list[str]:
+    "Component labels; in a mixture batch, row `i` comes from `source_names[batch['source_ids'][i]]`."
+    return [label for label, view in self.comps]
+
+@patch(as_prop=True)
+def seq_len(self: TokenStream) -> int: return self.meta['seq_len']
 
 # %% ../nbs/04c_stream.ipynb #5c2e0008
 @patch
@@ -214,12 +252,14 @@ def __next__(self: TokenStream) -> dict:
     b = next(self._loader); self._state = json.loads(b.pop('_wf_state'))
     return b
 
+# %% ../nbs/04c_stream.ipynb #10b2b17b
 @patch
 def state_dict(self: TokenStream) -> dict:
     "Position after the last batch returned (plain ints: safe for json and torch.save/weights_only)."
     return {'format': 'wf_nb.TokenStream', 'version': 1, **copy.deepcopy(self._state), **self.meta,
             'batch_size': self.B, 'world_size': self.world_size}
 
+# %% ../nbs/04c_stream.ipynb #355ded8d
 @patch
 def load_state_dict(self: TokenStream, sd: dict):
     "Continue from `sd`; the data config must be the same (world size and batch size may differ)."
@@ -248,11 +288,14 @@ class ValBatches:
             raise DataError(f"no validation tokens (held-out documents) in {', '.join(str(v.where) for v in views)}. "
                             f"Raise data.val_fraction or add documents; data.val_fraction=0 means no validation (empty).")
     def __len__(self): return math.ceil(len(self.items) / self.B)
-    def __iter__(self):
-        for i in range(0, len(self.items), self.B):
-            wins = [v.window(j) if not pad else np.r_[v.tokens(j * v.S, v.n_tokens), np.full(pad, PAD)]
-                    for v, j, pad in self.items[i:i + self.B]]
-            yield pack_batch(wins, self.eos_id, self.doc_mask)
+
+# %% ../nbs/04c_stream.ipynb #58c840a1
+@patch
+def __iter__(self: ValBatches):
+    for i in range(0, len(self.items), self.B):
+        wins = [v.window(j) if not pad else np.r_[v.tokens(j * v.S, v.n_tokens), np.full(pad, PAD)]
+                for v, j, pad in self.items[i:i + self.B]]
+        yield pack_batch(wins, self.eos_id, self.doc_mask)
 
 # %% ../nbs/04c_stream.ipynb #7ed66088
 class ArrayWindows(Windows):
@@ -265,6 +308,7 @@ class ArrayWindows(Windows):
     def tokens(self, a, b): return np.asarray(self.toks[a:b], np.int64)
     def window(self, i): return self.tokens(i * self.S, (i + 1) * self.S)
 
+# %% ../nbs/04c_stream.ipynb #8f1f145b
 class OnTheFlyWindows(Windows):
     "Training windows tokenized from text in order, with a resumable reader position."
     sequential = True
@@ -280,22 +324,29 @@ class OnTheFlyWindows(Windows):
     @property
     def where(self): return self.src.root or self.src.spec
 
-    def _unit_docs(self, u):
-        f = self.units[u]
-        return _file_docs(f, self.src.text_field) if f is not None else self.src.iter_docs()
+# %% ../nbs/04c_stream.ipynb #3646552b
+@patch
+def _unit_docs(self: OnTheFlyWindows, u):
+    f = self.units[u]
+    return _file_docs(f, self.src.text_field) if f is not None else self.src.iter_docs()
 
-    def _is_val(self, u, d):
-        f = self.units[u]
-        if f is not None and f.suffix.lower() not in ROW_SUFFIXES: return u in self.val_units
-        return int(hashlib.blake2b(f'{u}:{d}'.encode(), digest_size=8).hexdigest(), 16) < self.frac * 2**64
+@patch
+def _is_val(self: OnTheFlyWindows, u, d):
+    f = self.units[u]
+    if f is not None and f.suffix.lower() not in ROW_SUFFIXES: return u in self.val_units
+    return int(hashlib.blake2b(f'{u}:{d}'.encode(), digest_size=8).hexdigest(), 16) < self.frac * 2**64
 
-    def state(self) -> dict: return dict(self._st)
+# %% ../nbs/04c_stream.ipynb #fa5cc8f8
+@patch
+def state(self: OnTheFlyWindows) -> dict: return dict(self._st)
 
-    def load(self, st):
-        self._st = {k: int(st[k]) for k in ('epoch', 'unit', 'doc', 'off', 'made')}
-        self._gen, self._cur = None, None
+@patch
+def load(self: OnTheFlyWindows, st):
+    self._st = {k: int(st[k]) for k in ('epoch', 'unit', 'doc', 'off', 'made')}
+    self._gen, self._cur = None, None
 
-    def _order(self, epoch): return Perm(len(self.units), self.key + [epoch])(np.arange(len(self.units)))
+@patch
+def _order(self: OnTheFlyWindows, epoch): return Perm(len(self.units), self.key + [epoch])(np.arange(len(self.units)))
 
 # %% ../nbs/04c_stream.ipynb #5c2e0013
 @patch
@@ -318,6 +369,7 @@ def _next_doc_tokens(self: OnTheFlyWindows):
             return np.asarray(ids + [self.eos], np.int64), d
         st.update(unit=st['unit'] + 1, doc=0, off=0); self._gen = None
 
+# %% ../nbs/04c_stream.ipynb #0a64f1f6
 @patch
 def next_window(self: OnTheFlyWindows, n: int) -> np.ndarray:
     "Window `n` (windows must be asked for in order)."
@@ -336,6 +388,7 @@ def next_window(self: OnTheFlyWindows, n: int) -> np.ndarray:
     w = np.concatenate(out)
     return np.r_[w, np.full(self.S - len(w), PAD)] if len(w) < self.S else w
 
+# %% ../nbs/04c_stream.ipynb #75bb2739
 @patch
 def val_windows(self: OnTheFlyWindows) -> ArrayWindows:
     "All held-out documents, tokenized, as `ArrayWindows`."
@@ -354,17 +407,13 @@ def _views(path: Path, tokenizer, split, seq_len, val_fraction, vocab, pack=True
     st = TokenShards(path, tokenizer=tokenizer if (path/MANIFEST).exists() else None, vocab_size=vocab)
     return st, st.split_view(split, seq_len, val_fraction, pack)
 
-def get_data(cfg: WFConfig, tokenizer, split: str = 'train', rank: int = 0, world_size: int = 1, verbose: bool = True):
-    """Batches for `cfg`: an infinite, exactly resumable `TokenStream` for `split='train'`, a finite `ValBatches`
-    for `split='val'`. Batches: `input_ids`, `labels` (unshifted) [, `attention_mask`; `position_ids` with `data.doc_mask`]."""
+# %% ../nbs/04c_stream.ipynb #7aaf3f8b
+def _component_views(cfg: WFConfig, tokenizer, split: str, verbose: bool):
+    "`([(label, spec, weight, view)], {spec: data path}, no_val)` for the components of `cfg.data`."
     d, t = cfg.data, cfg.training
-    if split in ('validation', 'eval'): split = 'val'
-    if split not in ('train', 'val'): raise ValueError(f"split must be 'train' or 'val', not {split!r}")
-    comps = mixture_components(d)
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
-    fim = (fim_ids(tokenizer), d.fim_rate, d.fim_spm_rate) if d.fim_rate > 0 and split == 'train' else None
     paths, views, dec, no_val = {}, [], dict(encoding=d.encoding, decode_errors=d.decode_errors), False
-    for ci, (label, spec, w) in enumerate(comps):
+    for ci, (label, spec, w) in enumerate(mixture_components(d)):
         if d.tokenize == 'on_the_fly' and not _is_token_dir(Path(spec).expanduser()):
             otf = OnTheFlyWindows(text_source(spec, d.text_field, d.streaming, **dec), tokenizer, d.seq_len, d.val_fraction, [t.seed, ci], d.pack)
             paths[spec] = Path(f'on_the_fly:{text_source(spec, d.text_field, **dec).fingerprint()}')
@@ -376,6 +425,18 @@ def get_data(cfg: WFConfig, tokenizer, split: str = 'train', rank: int = 0, worl
         if st.eos_id is not None and eos is not None and st.eos_id != eos:
             raise DataError(f"{st.path}: shards use EOS id {st.eos_id}, the tokenizer {eos}. Re-tokenize with the model's tokenizer.")
         views.append((label, spec, w, view))
+    return views, paths, no_val
+
+# %% ../nbs/04c_stream.ipynb #8de99b4a
+def get_data(cfg: WFConfig, tokenizer, split: str = 'train', rank: int = 0, world_size: int = 1, verbose: bool = True):
+    """Batches for `cfg`: an infinite, exactly resumable `TokenStream` for `split='train'`, a finite `ValBatches`
+    for `split='val'`. Batches: `input_ids`, `labels` (unshifted) [, `attention_mask`; `position_ids` with `data.doc_mask`]."""
+    d, t = cfg.data, cfg.training
+    if split in ('validation', 'eval'): split = 'val'
+    if split not in ('train', 'val'): raise ValueError(f"split must be 'train' or 'val', not {split!r}")
+    eos = tokenizer.eos_token_id
+    fim = (fim_ids(tokenizer), d.fim_rate, d.fim_spm_rate) if d.fim_rate > 0 and split == 'train' else None
+    views, paths, no_val = _component_views(cfg, tokenizer, split, verbose)
     if split == 'val':
         seen, uniq = set(), []
         for label, spec, w, v in views:
@@ -383,5 +444,5 @@ def get_data(cfg: WFConfig, tokenizer, split: str = 'train', rank: int = 0, worl
         return ValBatches(uniq, t.batch_size, eos, rank, world_size, d.doc_mask, allow_empty=d.val_fraction <= 0 or no_val)
     meta = {'sources': [f'{label}={spec}@{paths[spec].name}' for label, spec, w, v in views]}
     return TokenStream([(label, v) for label, spec, w, v in views], [w for *_, w, v in views], t.batch_size,
-                       seed=t.seed, rank=rank, world_size=world_size, eos_id=eos, vocab_size=vocab, doc_mask=d.doc_mask,
+                       seed=t.seed, rank=rank, world_size=world_size, eos_id=eos, vocab_size=len(tokenizer), doc_mask=d.doc_mask,
                        fim=fim, num_workers=d.num_workers, pin_memory=d.pin_memory, prefetch_factor=d.prefetch_factor, meta=meta)
