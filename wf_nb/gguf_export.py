@@ -8,6 +8,7 @@ import tempfile
 from hashlib import sha256
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
+from .errors import WFError
 from .kernels import PackedBitLinear
 
 # %% auto #0
@@ -16,7 +17,7 @@ __all__ = ['CHKTXT', 'PRE_BY_HASH', 'GGML_Q2_0', 'QK2_0', 'TERNARY_TYPES', 'EMBE
            'write_gguf', 'read_gguf', 'check_gguf', 'gguf_bits', 'format_gguf_bits', 'write_fp_gguf']
 
 # %% ../nbs/03_gguf_export.ipynb #43b8c592
-class GGUFError(ValueError):
+class GGUFError(WFError, ValueError):
     "A model, tokenizer or type that GGUF/llama.cpp cannot hold as asked; the message says why and what to do."
 
 def gguf_unexpressible(pmodel) -> str | None:
@@ -45,6 +46,7 @@ def tokenizer_pre(tokenizer) -> str:
                         "differently; add its llama.cpp name to wf_nb.gguf_export.PRE_BY_HASH")
     return PRE_BY_HASH[h]
 
+# %% ../nbs/03_gguf_export.ipynb #83373403
 def gguf_vocab(tokenizer, vocab_size: int) -> tuple[list, list]:
     "(tokens, token types) for ids 0..vocab_size-1, by llama.cpp's converter's rules."
     import gguf
@@ -90,6 +92,7 @@ def q2_0_blocks(codes: np.ndarray) -> np.ndarray:
     d = np.full((r, k // QK2_0, 1), np.float16(1.0)).view(np.uint8)
     return np.concatenate([d, qs], axis=-1).reshape(r, -1)
 
+# %% ../nbs/03_gguf_export.ipynb #aa969055
 def q2_0_decode(blocks: np.ndarray, k: int) -> np.ndarray:
     "Q2_0 bytes [rows, k // 64 * 18] -> float32 [rows, k] (ggml's `dequantize_row_q2_0`)."
     b = blocks.reshape(blocks.shape[0], k // QK2_0, 2 + QK2_0 // 4)
@@ -115,6 +118,7 @@ def ternary_type_for(k: int, ternary_type: str, name: str = 'a matrix') -> str:
                         + (f"; use --ternary-type {' or '.join(fits)}" if fits else ''))
     return t
 
+# %% ../nbs/03_gguf_export.ipynb #b5b80c02
 def pad_plan(cfg, ternary_type: str) -> dict:
     "Widths llama.cpp gets: hidden H -> Hp (a multiple of 256 for TQ types), heads and KV heads to match."
     H, nh, nkv = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -128,6 +132,7 @@ def pad_plan(cfg, ternary_type: str) -> dict:
                         f"({nh} heads of {hd}, {nkv} KV heads); use --ternary-type q2_0")
     return dict(plan, Hp=Hp, heads_p=nh + extra, kv_p=nkv + extra // g)
 
+# %% ../nbs/03_gguf_export.ipynb #7704f45f
 def _ternary_tensor(codes: np.ndarray, t: str):
     "(array to write, raw dtype) of int8 ternary `codes` [out, in] in type `t`."
     import gguf
@@ -145,6 +150,7 @@ def _gguf_name(hf: str, nmap) -> str | None:
     g = nmap.get_name(base)
     return None if g is None else f'{g}.{suffix}'
 
+# %% ../nbs/03_gguf_export.ipynb #197cc2c5
 def _add_hparams(w, cfg, ftype: int, plan: dict):
     import gguf
     hd = plan['head_dim']
@@ -160,6 +166,7 @@ def _add_hparams(w, cfg, ftype: int, plan: dict):
     w.add_uint32('wf_nb.hidden_size', plan['H'])        # the model's own width (the file's may be padded)
     w.add_file_type(ftype); w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
+# %% ../nbs/03_gguf_export.ipynb #fc53e4ee
 def _padded_shape(g: str, shape: tuple, plan: dict) -> tuple:
     "The shape tensor `g` gets in the padded model (the original sits in its top-left corner)."
     hd, Hp, H = plan['head_dim'], plan['Hp'], plan['H']
@@ -177,6 +184,7 @@ def _pad(arr: np.ndarray, shape: tuple) -> np.ndarray:
     out = np.zeros(shape, arr.dtype); out[tuple(slice(0, d) for d in arr.shape)] = arr
     return out
 
+# %% ../nbs/03_gguf_export.ipynb #5f995bca
 def _embed_tensor(arr: np.ndarray, embed_type: str):
     import gguf
     from gguf.quants import quantize
@@ -189,6 +197,30 @@ def _embed_tensor(arr: np.ndarray, embed_type: str):
     return quantize(arr.astype(np.float32), qt), qt
 
 # %% ../nbs/03_gguf_export.ipynb #bdcfb3ff
+def _add_float_tensors(w, pmodel, packed: dict, nmap, plan: dict, embed_type: str, types: dict):
+    "Every tensor but the packed matrices (and the tied lm_head): the embedding in `embed_type`, norms fp32, padded."
+    import gguf
+    for k, v in pmodel.state_dict().items():
+        base = k.rpartition('.')[0]
+        if k == 'lm_head.weight' or base in packed: continue
+        g = _gguf_name(k, nmap)
+        if g is None: raise GGUFError(f"gguf: no llama.cpp bitnet tensor name for {k!r}")
+        arr = _pad(v.float().numpy(), _padded_shape(g, tuple(v.shape), plan))
+        if v.ndim == 1 and arr.shape[0] != v.shape[0]: arr = arr * np.float32(np.sqrt(plan['H'] / plan['Hp']))   # RMSNorm over Hp
+        arr, qt = _embed_tensor(arr, embed_type) if v.ndim == 2 else (arr, gguf.GGMLQuantizationType.F32)
+        w.add_tensor(g, arr, raw_dtype=qt); types[g] = qt.name
+
+# %% ../nbs/03_gguf_export.ipynb #d1e09ecf
+def _add_ternary_tensors(w, packed: dict, shapes: dict, ttypes: dict, nmap, plan: dict, types: dict):
+    "Write each `PackedBitLinear` of `packed` as codes of type `ttypes[name]` and shape `shapes[name]`, plus its `.scale`."
+    for n, m in packed.items():
+        g = _gguf_name(n + '.weight', nmap)
+        arr, qt = _ternary_tensor(_pad(m.ternary().numpy(), shapes[n]), ttypes[n])
+        w.add_tensor(g, arr, raw_shape=shapes[n] if qt == GGML_Q2_0 else None, raw_dtype=qt)
+        w.add_tensor(g.replace('.weight', '.scale'), np.array([_out_scale(g, plan) / m.weight_scale.float().item()], np.float32))
+        types[g] = ttypes[n].upper()
+
+# %% ../nbs/03_gguf_export.ipynb #e70b8961
 def write_gguf(pmodel, path, tokenizer, ternary_type: str = 'auto', embed_type: str = 'q8_0', name: str = 'wf_nb-bitnet') -> dict:
     "Write packed model `pmodel` + `tokenizer` as a llama.cpp `bitnet` GGUF at `path`; returns {tensor: type}."
     import gguf
@@ -202,21 +234,8 @@ def write_gguf(pmodel, path, tokenizer, ternary_type: str = 'auto', embed_type: 
     w = gguf.GGUFWriter(str(path), 'bitnet')
     w.add_name(name); _add_hparams(w, cfg, TERNARY_TYPES[max(set(ttypes.values()), key=list(ttypes.values()).count)][2], plan)
     add_tokenizer(w, tokenizer, cfg.vocab_size)
-    for k, v in pmodel.state_dict().items():
-        base = k.rpartition('.')[0]
-        if k == 'lm_head.weight' or base in mods: continue
-        g = _gguf_name(k, nmap)
-        if g is None: raise GGUFError(f"gguf: no llama.cpp bitnet tensor name for {k!r}")
-        arr = _pad(v.float().numpy(), _padded_shape(g, tuple(v.shape), plan))
-        if v.ndim == 1 and arr.shape[0] != v.shape[0]: arr = arr * np.float32(np.sqrt(plan['H'] / plan['Hp']))   # RMSNorm over Hp
-        arr, qt = _embed_tensor(arr, embed_type) if v.ndim == 2 else (arr, gguf.GGMLQuantizationType.F32)
-        w.add_tensor(g, arr, raw_dtype=qt); types[g] = qt.name
-    for n, m in mods.items():
-        g = _gguf_name(n + '.weight', nmap)
-        arr, qt = _ternary_tensor(_pad(m.ternary().numpy(), shapes[n]), ttypes[n])
-        w.add_tensor(g, arr, raw_shape=shapes[n] if qt == GGML_Q2_0 else None, raw_dtype=qt)
-        w.add_tensor(g.replace('.weight', '.scale'), np.array([_out_scale(g, plan) / m.weight_scale.float().item()], np.float32))
-        types[g] = ttypes[n].upper()
+    _add_float_tensors(w, pmodel, mods, nmap, plan, embed_type, types)
+    _add_ternary_tensors(w, mods, shapes, ttypes, nmap, plan, types)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     return types
 
@@ -235,12 +254,14 @@ def _reader_class():
                                          data=self._get(o, np.uint8, nb)))
     return _Reader
 
+# %% ../nbs/03_gguf_export.ipynb #32fc92eb
 def read_gguf(path) -> tuple[dict, dict]:
     "(metadata {key: value}, tensors {name: dict(type, shape, data bytes)}) of a GGUF file, Q2_0 included."
     r = _reader_class()(str(path))
     meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith('tokenizer.ggml.') or k.endswith(('model', 'pre', '_id', 'add_bos_token'))}
     return meta, {t['name']: t for t in r.tensors}
 
+# %% ../nbs/03_gguf_export.ipynb #0b32c1f0
 def _type_name(t: int) -> str:
     import gguf
     return 'Q2_0' if t == GGML_Q2_0 else gguf.GGMLQuantizationType(t).name
@@ -292,6 +313,7 @@ def _permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     "HF's q/k rows (rotate_half halves) -> llama.cpp llama's interleaved pairs (the converter's `permute`)."
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
+# %% ../nbs/03_gguf_export.ipynb #088cd1c4
 def write_fp_gguf(model, path, tokenizer, wtype: str = 'f16', name: str = 'wf_nb-fp') -> dict:
     "Write an HF Llama model (`nn.Linear`s, tied or untied) as a llama.cpp `llama` GGUF with matrices in `wtype`."
     import gguf
