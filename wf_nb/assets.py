@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util, os, sysconfig
 from pathlib import Path
 import torch
+from .errors import WFError
 from .config import ModelConfig, PRESETS, get_config
 from .io import atomic_dir
 
@@ -23,7 +24,7 @@ def cache_dir(*parts) -> Path:
     return p
 
 # %% ../nbs/00b_assets.ipynb #cf35c864
-class ModelSourceError(RuntimeError):
+class ModelSourceError(WFError, RuntimeError):
     "A model or tokenizer source that cannot be loaded; the message says how to provide it."
 
 def package_dir(module: str) -> Path:

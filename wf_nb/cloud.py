@@ -6,6 +6,7 @@
 from __future__ import annotations
 import os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
+from .errors import WFError
 from .config import WFConfig, get_config, fingerprint, git_info
 from .gpus import parse_gpus, gpu_hour_price
 from .io import atomic_write_text, check_output, shorten
@@ -15,7 +16,7 @@ __all__ = ['SECRET_ENV', 'PASS_ENV', 'CKPT_MOUNT', 'MODAL_TEMPLATE', 'LAUNCH_MAR
            'job_config', 'wf_source', 'job_name', 'skypilot_task', 'modal_app_source', 'launch_cost', 'launch']
 
 # %% ../nbs/10a_cloud.ipynb #9abb1659
-class LaunchError(RuntimeError):
+class LaunchError(WFError, RuntimeError):
     "A launch that cannot be written or started; the message says what to install or change."
 
 SECRET_ENV = ('WANDB_API_KEY', 'HF_TOKEN')          # passed by name; values stay where they are

@@ -8,6 +8,7 @@ import copy, dataclasses, difflib, hashlib, json, os, subprocess, typing
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
+from .errors import WFError
 from .io import atomic_write_text, load_yaml_text, read_yaml, shorten, YAMLInputError
 
 # %% auto #0
@@ -207,7 +208,7 @@ def _group_cls(group):
             'distill': DistillConfig, 'logging': LoggingConfig, 'distributed': DistributedConfig, 'peft': PeftConfig}[group]
 
 # %% ../nbs/00a_config.ipynb #110f5a1d
-class ConfigError(ValueError):
+class ConfigError(WFError, ValueError):
     "A config key or value that cannot be used; the message says what is valid."
 
 def _suggest(word, options):

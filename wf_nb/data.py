@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 import numpy as np
+from .errors import WFError
 from .config import get_config
 from .assets import cache_dir, shakespeare_files, stdlib_files, c_header_files, perl_files
 from .corpora import CORPORA
@@ -20,7 +21,7 @@ __all__ = ['TEXT_SUFFIXES', 'ROW_SUFFIXES', 'PRESET_SOURCES', 'DataError', 'bibl
            'encoder_pool']
 
 # %% ../nbs/04_data.ipynb #3384bbd1
-class DataError(ValueError):
+class DataError(WFError, ValueError):
     "Unusable data (empty, corrupt, mismatched); the message names the file and the fix."
 
 # %% ../nbs/04_data.ipynb #8f65c25a

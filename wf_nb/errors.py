@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno, signal
 
 # %% auto #0
-__all__ = ['EXIT_CODES', 'WFError', 'DiskFull', 'Interrupted', 'BudgetExhausted', 'exit_code']
+__all__ = ['EXIT_CODES', 'WFError', 'DiskFull', 'Interrupted', 'BudgetExhausted', 'RunConflict', 'exit_code']
 
 # %% ../nbs/00_errors.ipynb #f96db605
 class WFError(Exception):
@@ -30,15 +30,21 @@ class Interrupted(Exception):
 class BudgetExhausted(Exception):
     "A run stopped at its budget (cost or hours) after saving its checkpoint."
 
+# %% ../nbs/00_errors.ipynb #c35a0002
+class RunConflict(WFError):
+    "A run with this config exists: `done` when it COMPLETED (nothing to do), else another process holds it."
+    done: bool = False
+
 # %% ../nbs/00_errors.ipynb #96266741
 EXIT_CODES: list[tuple[type, int]] = [
-    (Interrupted, 128), (BudgetExhausted, 3), (DiskFull, 4),
+    (Interrupted, 128), (BudgetExhausted, 3), (RunConflict, 1), (DiskFull, 4),
     (FileNotFoundError, 2), (FileExistsError, 2), (IsADirectoryError, 2), (NotADirectoryError, 2), (OSError, 4),
     (WFError, 2), (ValueError, 2), (KeyError, 2),
 ]
 
 def exit_code(e: BaseException) -> int:
-    "The exit code of the first `EXIT_CODES` row `e` is an instance of (1 when none is: an unexpected error)."
+    "The exit code of the first `EXIT_CODES` row `e` is an instance of (1 when none is: an unexpected error); 0 for a run already done."
+    if isinstance(e, RunConflict) and e.done: return 0
     for typ, code in EXIT_CODES:
         if isinstance(e, typ): return code + (e.signum if isinstance(e, Interrupted) else 0)
     return 1

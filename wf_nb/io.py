@@ -6,6 +6,7 @@
 from __future__ import annotations
 import errno, hashlib, json, os, shutil, tempfile
 from pathlib import Path
+from .errors import DiskFull, WFError
 
 # %% auto #0
 __all__ = ['DISK_FULL_BYTES', 'YAML_MAX_BYTES', 'EXISTS', 'OUTPUT_MARKER', 'disk_full_error', 'atomic_write_bytes',
@@ -16,13 +17,14 @@ __all__ = ['DISK_FULL_BYTES', 'YAML_MAX_BYTES', 'EXISTS', 'OUTPUT_MARKER', 'disk
 # %% ../nbs/00_io.ipynb #29be6c7b
 DISK_FULL_BYTES = 64 << 20   # less free space than this when a write fails: the disk was full
 
-def disk_full_error(e: BaseException, folder) -> OSError | None:
-    "An ENOSPC `OSError` naming `folder` when a write failed on a (nearly) full disk, else None; call it before cleaning up."
-    if not isinstance(e, Exception) or (isinstance(e, OSError) and e.errno == errno.ENOSPC): return None
+def disk_full_error(e: BaseException, folder) -> DiskFull | None:
+    "A `DiskFull` naming `folder` when a write failed on a (nearly) full disk, else None; call it before cleaning up."
+    if not isinstance(e, Exception) or isinstance(e, DiskFull): return None
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC: return DiskFull(e.filename or folder)
     try: free = shutil.disk_usage(folder).free   # torch.save / safetensors report a full disk as RuntimeError
     except OSError: return None
     if free >= DISK_FULL_BYTES: return None
-    return OSError(errno.ENOSPC, f"No space left on device ({free >> 20} MiB free when the write failed)", str(folder))
+    return DiskFull(folder, f"{free >> 20} MiB free when the write failed")
 
 def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> Path:
     "Write `data` to `path` through a temporary file in the same directory renamed over it (an existing file is replaced)."
@@ -63,7 +65,7 @@ def write_yaml(path, obj, fsync: bool = True) -> Path:
 # %% ../nbs/00_io.ipynb #b19195a0
 YAML_MAX_BYTES = 4 << 20   # a config or price table is a few KiB
 
-class YAMLInputError(ValueError):
+class YAMLInputError(WFError, ValueError):
     "A YAML file or value wf_nb refuses to read (not YAML, an alias, too big); the message names it and the fix."
 
 def shorten(v, n: int = 120) -> str:
@@ -152,7 +154,7 @@ def set_aside(path, suffix: str) -> Path:
 # %% ../nbs/00_io.ipynb #5fbe4bee
 OUTPUT_MARKER = '.wf_nb_output.json'
 
-class OutputError(FileExistsError):
+class OutputError(WFError, FileExistsError):
     "An output path wf_nb will not write or replace; the message says why and what to do."
 
 def mark_output(folder, kind: str) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib, json, logging, random, re, tempfile, time
 from pathlib import Path
 import yaml
+from .errors import WFError
 from .tasks import GENRE_TASK, genre_splits, play_lines, read_jsonl, shakespeare_genre, TaskFormatError
 from .io import atomic_write_text, read_yaml, write_json, write_yaml
 from .io import format_table
@@ -92,7 +93,7 @@ def resolve_tasks(spec, work_dir, n: int | None = None) -> tuple[list[str], list
     return names, include, registry
 
 # %% ../nbs/08a_lmeval.ipynb #75440826
-class LMEvalMissing(ImportError):
+class LMEvalMissing(WFError, ImportError):
     "lm-evaluation-harness is not installed (it is an optional extra)."
 
 LM_EVAL_REQ = 'lm-eval>=0.4.10,<0.5'   # settings.ini's lmeval extra: tested with 0.4.10 and 0.4.13 (0.4.9 needs transformers < 5)

@@ -8,6 +8,7 @@ import os, queue, re, shutil, threading
 from pathlib import Path
 from typing import Callable
 from fastcore.basics import patch
+from .errors import WFError
 from .io import atomic_dir
 from .trainer import CheckpointError, latest_checkpoint, verify_checkpoint
 
@@ -15,7 +16,7 @@ from .trainer import CheckpointError, latest_checkpoint, verify_checkpoint
 __all__ = ['STEP_NAME', 'RemoteStorageError', 'remote_fs', 'check_remote', 'RemoteCheckpoints']
 
 # %% ../nbs/06c_remote.ipynb #198de9c0
-class RemoteStorageError(RuntimeError):
+class RemoteStorageError(WFError, RuntimeError):
     "Object storage that cannot be reached or written; the message names the URI and the fix."
 
 def _cred_hint(uri: str) -> str:

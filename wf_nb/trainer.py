@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 from fastcore.basics import patch
+from .errors import WFError
 from .config import WFConfig, get_config
 from .io import atomic_dir, atomic_write_text, sha256_file
 
@@ -172,7 +173,7 @@ def compile_blocks(model: nn.Module, codes_per_step: bool = False, **compile_kw)
     return len(blocks)
 
 # %% ../nbs/06_trainer.ipynb #5fd775b4
-class CheckpointError(RuntimeError):
+class CheckpointError(WFError, RuntimeError):
     "A checkpoint that is incomplete or fails its checksums."
 
 def save_checkpoint(ckpt_dir, model: nn.Module, optimizer=None, state: dict | None = None,
@@ -478,7 +479,7 @@ def _step_record(tr, m: dict, window: dict) -> dict:
     return rec
 
 # %% ../nbs/06_trainer.ipynb #0659b4ef
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(WFError, RuntimeError):
     "Loss stayed non-finite or spiking after `training.max_rollbacks` rollbacks."
 
 class SpikeRollback:
