@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy, functools, json, os, shutil, tempfile, time, warnings
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
+from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 from .kernels import PackedBitLinear, act_codes
 from .quant import BitLinear, unpack_ternary
@@ -29,6 +30,7 @@ def quantized_linears(model: nn.Module, skip=SKIP) -> list:
     return [(n, m) for n, m in model.named_modules()
             if isinstance(m, nn.Linear) and n not in skip and n.rsplit('.', 1)[-1] not in skip]
 
+# %% ../nbs/03a_export.ipynb #0e930ffa
 def pack_model(model: nn.Module, skip=SKIP, inplace: bool = False) -> nn.Module:
     "A copy of `model` (eval mode) with every quantized linear replaced by a `PackedBitLinear`."
     lins = quantized_linears(model, skip)
@@ -69,6 +71,7 @@ def _atomic_write(final: Path, write, overwrite: bool = False) -> Path:
     def marked(tmp): write(tmp); mark_output(tmp, 'export'); group_readable(tmp)   # 0644 / 0755 under umask 022
     return atomic_dir(Path(final), marked, exists='replace' if replace else 'error')
 
+# %% ../nbs/03a_export.ipynb #f8d67b7f
 def _dedup_state(sd: dict) -> tuple[dict, list]:
     "Drop tensors that alias an earlier one (tied embeddings): (state dict, dropped keys)."
     seen, out, tied = {}, {}, []
@@ -100,6 +103,7 @@ def bitnet_unexpressible(pmodel) -> str | None:
     if len(eps) > 1: return f"its BitLinear input norms differ ({sorted(eps, key=str)})"
     return None
 
+# %% ../nbs/03a_export.ipynb #e255e0f4
 def _hf_quant_config(pmodel) -> dict:
     qc = dict(HF_QUANT_CONFIG)
     eps = {s['norm_eps'] for s in _module_specs(pmodel).values()}.pop()
@@ -115,6 +119,7 @@ def storage_dtype(dtype) -> torch.dtype | None:
     if str(dtype) in DTYPES: return DTYPES[str(dtype)]
     raise ExportError(f"export: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
 
+# %% ../nbs/03a_export.ipynb #54999691
 def _umask() -> int:
     m = os.umask(0o22); os.umask(m); return m
 
@@ -124,6 +129,7 @@ def group_readable(path: Path) -> Path:
     for f in ([p, *p.rglob('*')] if p.is_dir() else [p]): f.chmod((0o777 if f.is_dir() else 0o666) & keep)
     return p
 
+# %% ../nbs/03a_export.ipynb #c92fe15d
 def _save_packed(pmodel, out: Path, fmt: str, tokenizer=None, dtype=None, overwrite=False, extra=None) -> Path:
     dtype = storage_dtype(dtype)
     sd, tied = _dedup_state(pmodel.state_dict())
@@ -158,6 +164,7 @@ def is_packed_dir(path) -> bool:
     return qc.get('quant_method') == 'bitnet' and qc.get('quantization_mode', 'offline') == 'offline' \
         and qc.get('linear_class', 'bitlinear') == 'bitlinear'
 
+# %% ../nbs/03a_export.ipynb #2cc34fe0
 def _read_state(p: Path) -> dict:
     files = sorted(p.glob('*.safetensors'))
     if not files: raise ExportError(f"{p}: no *.safetensors weights")
@@ -165,16 +172,12 @@ def _read_state(p: Path) -> dict:
     for f in files: sd.update(load_file(str(f)))
     return sd
 
-def load_packed(path, dtype=None, fast: bool = True) -> nn.Module:
-    "A packed checkpoint directory -> the model with `PackedBitLinear` layers (eval mode, CPU); `fast`: `generate` through `FastDecoder`."
+# %% ../nbs/03a_export.ipynb #2b30e755
+def _model_from_config(p: Path, dtype=None) -> tuple:
+    "(model with throwaway weights, its config, the `quantization_config` dict, the dtype) from `p/config.json`."
     from transformers import AutoConfig, AutoModelForCausalLM
-    p = Path(path)
-    if not is_packed_dir(p):
-        raise ExportError(f"{p} is not a packed checkpoint (no {PACKED_JSON}, no offline bitnet quantization_config): "
-                          "export it first with export_model / `wf export`")
     cfgd = json.loads((p / 'config.json').read_text())
     qc = cfgd.pop('quantization_config', None) or {}
-    meta = json.loads((p / PACKED_JSON).read_text()) if (p / PACKED_JSON).exists() else None
     _register_wf_classes()
     mt = cfgd.pop('model_type', None)
     cfgd.pop('transformers_version', None)
@@ -184,13 +187,29 @@ def load_packed(path, dtype=None, fast: bool = True) -> nn.Module:
     dt = dtype or getattr(torch, str(cfgd.get('dtype') or cfgd.get('torch_dtype') or 'float32').replace('torch.', ''))
     with torch.random.fork_rng(devices=[]):   # the throwaway init must not move the caller's RNG
         model = AutoModelForCausalLM.from_config(config, dtype=dt)
+    return model, config, qc, dt
+
+# %% ../nbs/03a_export.ipynb #0a4a0b73
+def _hf_bitnet_specs(model, config, qc: dict) -> tuple[dict, list]:
+    "(packed module specs, tied keys) of an offline HF-BitNet checkpoint without `wf_packed.json`."
+    skip = tuple(qc.get('modules_to_not_convert') or SKIP)
+    eps = qc.get('rms_norm_eps', 1e-6) if qc.get('use_rms_norm') else None
+    specs = {n: dict(in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None,
+                     norm_eps=eps, haar=False) for n, m in quantized_linears(model, skip)}
+    tied = ['lm_head.weight'] if getattr(config, 'tie_word_embeddings', False) else []
+    return specs, tied
+
+# %% ../nbs/03a_export.ipynb #44f9a1c5
+def load_packed(path, dtype=None, fast: bool = True) -> nn.Module:
+    "A packed checkpoint directory -> the model with `PackedBitLinear` layers (eval mode, CPU); `fast`: `generate` through `FastDecoder`."
+    p = Path(path)
+    if not is_packed_dir(p):
+        raise ExportError(f"{p} is not a packed checkpoint (no {PACKED_JSON}, no offline bitnet quantization_config): "
+                          "export it first with export_model / `wf export`")
+    meta = json.loads((p / PACKED_JSON).read_text()) if (p / PACKED_JSON).exists() else None
+    model, config, qc, dt = _model_from_config(p, dtype)
     if meta is not None: specs, tied = meta['modules'], meta.get('tied', [])
-    else:
-        skip = tuple(qc.get('modules_to_not_convert') or SKIP)
-        eps = qc.get('rms_norm_eps', 1e-6) if qc.get('use_rms_norm') else None
-        specs = {n: dict(in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None,
-                         norm_eps=eps, haar=False) for n, m in quantized_linears(model, skip)}
-        tied = ['lm_head.weight'] if getattr(config, 'tie_word_embeddings', False) else []
+    else: specs, tied = _hf_bitnet_specs(model, config, qc)
     for n, s in specs.items(): model.set_submodule(n, PackedBitLinear(dtype=dt, **s))
     sd = _read_state(p)
     missing, unexpected = model.load_state_dict(sd, strict=False)
@@ -210,6 +229,7 @@ def _rms(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _rotate_half(x): return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.shape[-1] // 2]), dim=-1)
 
+# %% ../nbs/03a_export.ipynb #e9f8f2b2
 class _Proj:
     "One or more PackedBitLinears that read the same input, fused: their int8 weights side by side, one scale per output."
     def __init__(self, mods):
@@ -224,6 +244,7 @@ class _Proj:
         if self.b is not None: y += self.b
         return y.to(out_dtype)
 
+# %% ../nbs/03a_export.ipynb #9019fcd1
 def _fp16_head(lin: nn.Linear):
     "The lm_head prepacked for fbgemm's fp16-weight linear (fp32 in and out: fp32 rounding, half the bytes read), if its weight is fp16-exact."
     w = lin.weight.detach().float()
@@ -231,6 +252,7 @@ def _fp16_head(lin: nn.Linear):
     try: return torch.ops.quantized.linear_prepack_fp16(w, None if lin.bias is None else lin.bias.detach().float())
     except (RuntimeError, AttributeError): return None   # a build without fbgemm: the fp32 lm_head
 
+# %% ../nbs/03a_export.ipynb #66097f1a
 def fast_unsupported(model) -> str | None:
     "Why `FastDecoder` cannot run `model` (None if it can): a packed BitNet-architecture model without Haar or per-layer norms."
     if getattr(getattr(model, 'config', None), 'model_type', None) != 'bitnet': return "its model_type is not 'bitnet'"
@@ -261,31 +283,35 @@ class FastDecoder:
         self.scale, self.cache_len = model.model.layers[0].self_attn.scaling, 0
         self.head = _fp16_head(model.lm_head) if self.dtype == torch.float32 else None
 
-    def _alloc(self, n: int):
-        "A static KV cache of `n` positions and RoPE tables for them (transformers' own rotary embedding)."
-        if n <= self.cache_len: return
-        z = lambda: torch.zeros(self.KV, n, self.D, dtype=self.dtype)
-        self.k, self.v = [z() for _ in self.layers], [z() for _ in self.layers]
-        cos, sin = self.model.model.rotary_emb(torch.zeros(1, dtype=self.dtype), torch.arange(n)[None])
-        self.cos, self.sin, self.cache_len = cos[0], sin[0], n
+# %% ../nbs/03a_export.ipynb #f896efd1
+@patch
+def _alloc(self: FastDecoder, n: int):
+    "A static KV cache of `n` positions and RoPE tables for them (transformers' own rotary embedding)."
+    if n <= self.cache_len: return
+    z = lambda: torch.zeros(self.KV, n, self.D, dtype=self.dtype)
+    self.k, self.v = [z() for _ in self.layers], [z() for _ in self.layers]
+    cos, sin = self.model.model.rotary_emb(torch.zeros(1, dtype=self.dtype), torch.arange(n)[None])
+    self.cos, self.sin, self.cache_len = cos[0], sin[0], n
 
-    def forward(self, ids: torch.Tensor, pos: int) -> torch.Tensor:
-        "Logits of the last of `ids` (1-D) at positions `pos..`; fills the cache. A prompt goes in at `pos = 0`, then one token at a time."
-        T, H, KV, D, dt = ids.shape[0], self.H, self.KV, self.D, self.dtype
-        h = self.model.model.embed_tokens(ids)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
-        for i, L in enumerate(self.layers):
-            q, k, v = L['qkv'](_rms(h, L['ln1'], self.eps), dt).split(L['qkv'].split, -1)
-            q, k = q.view(T, H, D).transpose(0, 1), k.view(T, KV, D).transpose(0, 1)
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-            self.k[i][:, pos:pos + T], self.v[i][:, pos:pos + T] = k, v.view(T, KV, D).transpose(0, 1)
-            a = F.scaled_dot_product_attention(q[None], self.k[i][None, :, :pos + T], self.v[i][None, :, :pos + T],
-                                               is_causal=T > 1, scale=self.scale, enable_gqa=H != KV)
-            h = h + L['o'](_rms(a[0].transpose(0, 1).reshape(T, H * D), L['sub1'], self.eps), dt)
-            g, u = L['gu'](_rms(h, L['ln2'], self.eps), dt).split(L['gu'].split, -1)
-            h = h + L['down'](_rms(L['act'](g) * u, L['sub2'], self.eps), dt)
-        x = self.model.model.norm(h[-1:])
-        return (self.model.lm_head(x) if self.head is None else torch.ops.quantized.linear_dynamic_fp16(x, self.head))[0]
+# %% ../nbs/03a_export.ipynb #1eac7966
+@patch
+def forward(self: FastDecoder, ids: torch.Tensor, pos: int) -> torch.Tensor:
+    "Logits of the last of `ids` (1-D) at positions `pos..`; fills the cache. A prompt goes in at `pos = 0`, then one token at a time."
+    T, H, KV, D, dt = ids.shape[0], self.H, self.KV, self.D, self.dtype
+    h = self.model.model.embed_tokens(ids)
+    cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+    for i, L in enumerate(self.layers):
+        q, k, v = L['qkv'](_rms(h, L['ln1'], self.eps), dt).split(L['qkv'].split, -1)
+        q, k = q.view(T, H, D).transpose(0, 1), k.view(T, KV, D).transpose(0, 1)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        self.k[i][:, pos:pos + T], self.v[i][:, pos:pos + T] = k, v.view(T, KV, D).transpose(0, 1)
+        a = F.scaled_dot_product_attention(q[None], self.k[i][None, :, :pos + T], self.v[i][None, :, :pos + T],
+                                           is_causal=T > 1, scale=self.scale, enable_gqa=H != KV)
+        h = h + L['o'](_rms(a[0].transpose(0, 1).reshape(T, H * D), L['sub1'], self.eps), dt)
+        g, u = L['gu'](_rms(h, L['ln2'], self.eps), dt).split(L['gu'].split, -1)
+        h = h + L['down'](_rms(L['act'](g) * u, L['sub2'], self.eps), dt)
+    x = self.model.model.norm(h[-1:])
+    return (self.model.lm_head(x) if self.head is None else torch.ops.quantized.linear_dynamic_fp16(x, self.head))[0]
 
 # %% ../nbs/03a_export.ipynb #fa5a0004
 def context_error(model, prompt_len: int, max_new_tokens: int) -> str | None:
@@ -295,6 +321,7 @@ def context_error(model, prompt_len: int, max_new_tokens: int) -> str | None:
     return (f"the prompt ({prompt_len} tokens) plus --max-new-tokens {max_new_tokens} is {prompt_len + max_new_tokens} tokens, "
             f"past the model's context of {n}: shorten the prompt or lower --max-new-tokens to {max(n - prompt_len, 0)}")
 
+# %% ../nbs/03a_export.ipynb #28597ffb
 _FAST_KW = {'attention_mask', 'max_new_tokens', 'min_new_tokens', 'do_sample', 'pad_token_id', 'eos_token_id',
             'temperature', 'top_p', 'top_k', 'use_cache'}
 
@@ -320,6 +347,7 @@ def fast_generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, min_
     model.generate_stats = dict(prompt_tokens=T, prefill_s=t1 - t0, new_tokens=len(out), decode_s=t2 - t1)   # decode_s: new_tokens - 1 forwards
     return torch.cat([input_ids, input_ids.new_tensor([out])], 1)
 
+# %% ../nbs/03a_export.ipynb #22c7ccd1
 def _fast_or_hf(model, hf_generate, inputs=None, **kw):
     "`model.generate` of a packed model: `fast_generate` for one greedy sequence, transformers' `generate` for anything else."
     ids = kw.pop('input_ids', inputs)
@@ -360,6 +388,7 @@ def size_report(pmodel: nn.Module, path=None) -> dict:
         rep['file_vs_bf16'] = rep['file_bytes'] / rep['bf16_bytes']
     return rep
 
+# %% ../nbs/03a_export.ipynb #2da4373c
 def format_size_report(rep: dict) -> str:
     "A small human-readable table of `size_report`."
     mb = lambda b: f"{b / 2**20:.2f} MiB"
@@ -391,6 +420,24 @@ def _load_src(src):
         raise ExportError(f"export: loading {p} needs wf_nb.convert.load ({e})") from e
     return load(p), tok
 
+# %% ../nbs/03a_export.ipynb #6902b654
+def _export_gguf(pm, out: Path, src, overwrite: bool, tokenizer, ternary_type: str, embed_type: str, rep: dict) -> Path:
+    "Write packed model `pm` as llama.cpp's bitnet GGUF at `out` (a .gguf file or DIR/model.gguf); fills `rep`; returns the path."
+    from wf_nb.gguf_export import write_gguf, check_gguf, gguf_bits, gguf_unexpressible
+    why = gguf_unexpressible(pm)
+    if why: raise ExportError(f"export: gguf writes llama.cpp's bitnet architecture, which cannot hold this model "
+                              f"({why}); use fmt='wf-packed'")
+    target = out if out.suffix == '.gguf' else out / 'model.gguf'
+    _check_out(target, overwrite, src, file_mark=GGUF_MARK)
+    def write(tmp):
+        write_gguf(pm, tmp, tokenizer, ternary_type, embed_type)
+        rep['tensor_types'] = check_gguf(tmp, pm)   # checked before it gets its name
+        rep['gguf_bits'] = gguf_bits(tmp)
+        group_readable(tmp)
+    atomic_file(target, write, exists='replace')
+    return target
+
+# %% ../nbs/03a_export.ipynb #b94676ac
 def export_model(src, fmt: str = 'hf-bitnet', out=None, tokenizer=None, overwrite: bool = False, dtype='bf16',
                  ternary_type: str = 'auto', embed_type: str = 'q8_0', allow_float: bool = False) -> dict:
     "Export `src` (model or checkpoint dir) as a packed ternary checkpoint; returns a report dict (`allow_float`: pack a float model knowingly)."
@@ -414,20 +461,7 @@ def export_model(src, fmt: str = 'hf-bitnet', out=None, tokenizer=None, overwrit
         if why:
             warnings.warn(f"export: not expressible as HF-BitNet ({why}); writing wf_nb's packed format instead")
             fmt = rep['format'] = 'wf-packed'
-    if fmt == 'gguf':
-        from wf_nb.gguf_export import write_gguf, check_gguf, gguf_bits, gguf_unexpressible
-        why = gguf_unexpressible(pm)
-        if why: raise ExportError(f"export: gguf writes llama.cpp's bitnet architecture, which cannot hold this model "
-                                  f"({why}); use fmt='wf-packed'")
-        target = out if out.suffix == '.gguf' else out / 'model.gguf'
-        _check_out(target, overwrite, src, file_mark=GGUF_MARK)
-        def write(tmp):
-            write_gguf(pm, tmp, tokenizer, ternary_type, embed_type)
-            rep['tensor_types'] = check_gguf(tmp, pm)   # checked before it gets its name
-            rep['gguf_bits'] = gguf_bits(tmp)
-            group_readable(tmp)
-        atomic_file(target, write, exists='replace')
-        out = target
+    if fmt == 'gguf': out = _export_gguf(pm, out, src, overwrite, tokenizer, ternary_type, embed_type, rep)
     else:
         _save_packed(pm, out, fmt, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
     rep.update(path=str(out), seconds=round(time.time() - t0, 2), **size_report(pm, out))
