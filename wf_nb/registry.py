@@ -4,22 +4,34 @@
 
 # %% ../nbs/06a_registry.ipynb #2cbc5fd0
 from __future__ import annotations
-import datetime as dt, fcntl, json, os, re, shutil, signal, socket, sys, time
+import datetime as dt, enum, fcntl, json, os, re, shutil, signal, socket, sys, time
 from dataclasses import dataclass
+from fastcore.basics import patch
 from pathlib import Path
-from .errors import RunConflict
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
 from .io import atomic_dir, atomic_write_text, set_aside, sha256_files, shorten
 
 # %% auto #0
-__all__ = ['STATUSES', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
-           'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path', 'run_output',
-           'weights_digest', 'lineage_of', 'lineage_parent', 'check_parent', 'repair_metrics', 'open_run', 'finish_run',
-           'copy_output', 'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
+__all__ = ['STATUSES', 'CHECKPOINTS', 'Status', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive',
+           'RunExistsError', 'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path',
+           'run_output', 'weights_digest', 'lineage_of', 'lineage_parent', 'check_parent', 'read_metrics',
+           'repair_metrics', 'resolve_run', 'completed_run', 'open_run', 'finish_run', 'copy_output', 'train_config',
+           'train_argv', 'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
 
-# %% ../nbs/06a_registry.ipynb #b4469970
-STATUSES = ('RUNNING', 'INTERRUPTED', 'COMPLETED', 'FAILED')
+# %% ../nbs/06a_registry.ipynb #afc4a4f9
+class Status(str, enum.Enum):
+    "The status of a run, as metadata.json stores it. A str: `Status.COMPLETED == 'COMPLETED'`, and it prints as its value."
+    RUNNING = 'RUNNING'
+    INTERRUPTED = 'INTERRUPTED'
+    COMPLETED = 'COMPLETED'
+    FAILED = 'FAILED'
+    DAMAGED = 'DAMAGED'   # read only: a metadata.json that is not a JSON object
+    def __str__(self): return self.value
+    __format__ = str.__format__
 
+STATUSES = (Status.RUNNING, Status.INTERRUPTED, Status.COMPLETED, Status.FAILED)   # what `finish_run` may record
+
+# %% ../nbs/06a_registry.ipynb #95727da8
 def default_runs_dir() -> Path: return Path(os.environ.get('WF_RUNS_DIR', 'runs'))
 
 def safe_run_name(name) -> str:
@@ -31,6 +43,7 @@ def run_id_for(cfg: WFConfig, fp: str) -> str:
     "Deterministic, readable run id from the model, the stage and the fingerprint."
     return f"{safe_run_name(cfg.model.name)}-s{safe_run_name(cfg.stage)}-{fp[:10]}"
 
+# %% ../nbs/06a_registry.ipynb #dd726883
 def run_dir_in(runs_dir, name) -> Path:
     "`runs_dir/name`, refusing a name that would resolve anywhere but directly inside `runs_dir`."
     root = Path(runs_dir).resolve(); p = (root/str(name)).resolve()
@@ -50,10 +63,10 @@ def pid_alive(pid) -> bool:
     return True
 
 # %% ../nbs/06a_registry.ipynb #0dcd3e5b
-class RunExistsError(RunConflict, RuntimeError):
+class RunExistsError(RuntimeError):
     "The run is finished or already running; the message says how to start another."
     def __init__(self, msg, run=None, status=None):
-        super().__init__(msg); self.run, self.status, self.done = run, status, status == 'COMPLETED'
+        super().__init__(msg); self.run, self.status = run, status
 
 class RunLockedError(RunExistsError):
     "Another live process holds the run's lock (it is training that run now)."
@@ -62,7 +75,9 @@ _WARNED: set = set()
 def _warn_once(msg):
     if msg not in _WARNED: _WARNED.add(msg); print(f"warning: {msg}", file=sys.stderr)
 
-# %% ../nbs/06a_registry.ipynb #bfd3c082
+# %% ../nbs/06a_registry.ipynb #a891f260
+CHECKPOINTS = 'checkpoints'   # the run's folder of resumable training states
+
 @dataclass
 class Run:
     "A run directory and its metadata."
@@ -79,41 +94,55 @@ class Run:
     def metrics_path(self) -> Path: return self.dir/'metrics.jsonl'
     @property
     def lock_path(self) -> Path: return self.dir/'.lock'
-
-    def meta(self) -> dict:
-        "metadata.json; a damaged one (not a JSON object) reads as `{'status': 'DAMAGED'}` with a warning naming it."
-        if not self.meta_path.exists(): return {}
-        try: m = json.loads(self.meta_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError): m = None
-        if not isinstance(m, dict):
-            _warn_once(f"{self.meta_path} is damaged (not a JSON object); the run shows as DAMAGED. "
-                       f"Rerunning its command repairs it (the damaged file is kept as metadata.json.damaged)")
-            return {'status': 'DAMAGED'}
-        return m
-    def config(self) -> WFConfig:
-        "The run's config.yaml (read safely: `config.load_yaml`); a damaged one raises `ConfigError` naming it."
-        return load_yaml(self.dir/'config.yaml')
-    def update(self, **kw) -> dict:
-        "Merge `kw` into metadata.json (atomically) and stamp `updated`."
-        m = {**self.meta(), **kw, 'updated': _now()}
-        atomic_write_text(self.meta_path, json.dumps(m, indent=1, default=str))
-        return m
     @property
-    def status(self) -> str:
-        m = self.meta(); s = m.get('status', '')
-        if s == 'RUNNING' and m.get('host') == socket.gethostname():
-            held = lock_holder(self.dir)
-            if held is False or (held is None and not pid_alive(m.get('pid'))): return 'INTERRUPTED'
-        return s
-    def log(self, msg: str, echo=True):
-        "Append a timestamped line to train.log (and print it)."
-        line = f"[{_now()}] {msg}"
-        with open(self.log_path, 'a') as f: f.write(line + '\n')
-        if echo: print(msg, flush=True)
+    def checkpoints_dir(self) -> Path: return self.dir/CHECKPOINTS
 
 _LOCKS: dict[str, int] = {}   # run dir -> descriptor of the lock this process holds
 
-# %% ../nbs/06a_registry.ipynb #4d638949
+# %% ../nbs/06a_registry.ipynb #04a5fd84
+@patch
+def meta(self: Run) -> dict:
+    "metadata.json; a damaged one (not a JSON object) reads as `{'status': 'DAMAGED'}` with a warning naming it."
+    if not self.meta_path.exists(): return {}
+    try: m = json.loads(self.meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError): m = None
+    if not isinstance(m, dict):
+        _warn_once(f"{self.meta_path} is damaged (not a JSON object); the run shows as DAMAGED. "
+                   f"Rerunning its command repairs it (the damaged file is kept as metadata.json.damaged)")
+        return {'status': Status.DAMAGED}
+    return m
+
+# %% ../nbs/06a_registry.ipynb #a6ed602a
+@patch
+def config(self: Run) -> WFConfig:
+    "The run's config.yaml (read safely: `config.load_yaml`); a damaged one raises `ConfigError` naming it."
+    return load_yaml(self.dir/'config.yaml')
+
+@patch
+def update(self: Run, **kw) -> dict:
+    "Merge `kw` into metadata.json (atomically) and stamp `updated`."
+    m = {**self.meta(), **kw, 'updated': _now()}
+    atomic_write_text(self.meta_path, json.dumps(m, indent=1, default=str))
+    return m
+
+@patch
+def log(self: Run, msg: str, echo=True):
+    "Append a timestamped line to train.log (and print it)."
+    line = f"[{_now()}] {msg}"
+    with open(self.log_path, 'a') as f: f.write(line + '\n')
+    if echo: print(msg, flush=True)
+
+# %% ../nbs/06a_registry.ipynb #5a432ede
+@patch(as_prop=True)
+def status(self: Run) -> str:
+    "The run's `Status`: metadata.json's, or `INTERRUPTED` for a RUNNING run on this machine whose process is gone."
+    m = self.meta(); s = m.get('status', '')
+    if s == Status.RUNNING and m.get('host') == socket.gethostname():
+        held = lock_holder(self.dir)
+        if held is False or (held is None and not pid_alive(m.get('pid'))): return Status.INTERRUPTED
+    return s
+
+# %% ../nbs/06a_registry.ipynb #ed86c153
 def lock_run(run_dir, wait: float = 1.0) -> bool:
     """Take the exclusive lock of a run (`flock` on `RUN/.lock`), held until `unlock_run` or the end of the
     process (the kernel releases it on SIGKILL too). True if newly taken, False if this process held it already.
@@ -131,12 +160,13 @@ def lock_run(run_dir, wait: float = 1.0) -> bool:
                 pid = _lock_pid(run_dir)
                 raise RunLockedError(f"run {run_dir.name} is being trained by process {pid or '?'} on this machine (it holds "
                                      f"{run_dir/'.lock'}); wait for it to finish, or stop it with `wf cancel {run_dir.name}`",
-                                     Run(run_dir), 'RUNNING') from None
+                                     Run(run_dir), Status.RUNNING) from None
             time.sleep(0.05)
     os.ftruncate(fd, 0); os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
     _LOCKS[key] = fd
     return True
 
+# %% ../nbs/06a_registry.ipynb #b5ed5ced
 def _lock_pid(run_dir, tries=20):
     for _ in range(tries):   # the holder writes its pid just after taking the lock
         try: pid = (Path(run_dir)/'.lock').read_text().split()[0]
@@ -150,6 +180,7 @@ def unlock_run(run_dir):
     fd = _LOCKS.pop(str(Path(run_dir).resolve()), None)
     if fd is not None: os.close(fd)   # closing the descriptor releases the flock
 
+# %% ../nbs/06a_registry.ipynb #6c21e32e
 def lock_holder(run_dir):
     "Pid (str) of the process holding the run's lock, False if nobody holds it, None if the run has no lock file."
     p = Path(run_dir)/'.lock'
@@ -161,7 +192,7 @@ def lock_holder(run_dir):
     except BlockingIOError: return _lock_pid(run_dir, tries=1) or '?'
     finally: os.close(fd)
 
-# %% ../nbs/06a_registry.ipynb #36c2a39f
+# %% ../nbs/06a_registry.ipynb #2bbdfa9e
 def portable_path(path, base) -> str:
     "`path` relative to `base` when inside it (so it survives moving `base`), else absolute."
     p, b = Path(path).resolve(), Path(base).resolve()
@@ -175,6 +206,7 @@ def run_output(run: Run) -> Path:
     if not p.is_absolute(): return run.dir/p
     return run.output if not p.exists() and p.name == 'final' and run.output.exists() else p
 
+# %% ../nbs/06a_registry.ipynb #4fbb1969
 def weights_digest(model_dir) -> str:
     "SHA-256 over a checkpoint directory's weight files (name and bytes), in name order."
     return sha256_files(Path(model_dir).glob('*.safetensors'))
@@ -188,6 +220,7 @@ def lineage_of(parent_output, runs_dir, parent: Run | None = None) -> dict:
         d.update(parent_run=parent.id, parent_stage=m.get('stage'), parent_fingerprint=m.get('fingerprint'))
     return d
 
+# %% ../nbs/06a_registry.ipynb #eb8797a9
 def lineage_parent(lineage: dict, runs_dir) -> Path:
     "The parent output a lineage record names, resolved against the runs folder it is in now."
     p = Path(lineage['parent_output'])
@@ -202,7 +235,20 @@ def check_parent(run: Run, lineage: dict | None):
                              f"{lineage.get('parent_output')} now has sha256 {b[:12]}: its checkpoints belong to other weights. "
                              f"Use --skip-recovery to train a fresh run from the new parent", run, run.status)
 
-# %% ../nbs/06a_registry.ipynb #beaaed1c
+# %% ../nbs/06a_registry.ipynb #7a855e81
+def read_metrics(src, has: str | None = None) -> list[dict]:
+    "The records of a `metrics.jsonl` (`src`: a `Run`, a run folder or the file), torn or damaged lines skipped; only those with key `has` if given."
+    p = getattr(src, 'metrics_path', None) or Path(src)
+    if p.is_dir(): p = p/'metrics.jsonl'
+    if not p.exists(): return []
+    out = []
+    for line in p.read_text(errors='replace').splitlines():
+        try: r = json.loads(line)
+        except json.JSONDecodeError: continue
+        if isinstance(r, dict) and (has is None or has in r): out.append(r)
+    return out
+
+# %% ../nbs/06a_registry.ipynb #7736f7f0
 def repair_metrics(run: Run, log=None) -> int:
     "Drop lines of metrics.jsonl that are not JSON objects (a write cut by SIGKILL, a hand edit); return how many."
     p = run.metrics_path
@@ -218,66 +264,91 @@ def repair_metrics(run: Run, log=None) -> int:
         (log or run.log)(f"{p}: dropped {len(bad)} damaged line(s) (line {', '.join(map(str, bad[:5]))}{'...' if len(bad) > 5 else ''})")
     return len(bad)
 
+# %% ../nbs/06a_registry.ipynb #a7353bd6
 def _check_resumable(run: Run):
     "Before a resume: refuse a run whose checkpoints are all damaged; a restart from step 0 clears the old metrics."
-    from wf_nb.trainer import list_checkpoints, verify_checkpoint, CheckpointError
+    from wf_nb.checkpoint import list_checkpoints, verify_checkpoint, CheckpointError
     cks, errs = list_checkpoints(run.dir), []
     for ck in reversed(cks):
         try: verify_checkpoint(ck); return
         except (CheckpointError, OSError, ValueError) as e: errs.append(str(e))
     if cks:
-        raise CheckpointError(f"run {run.id}: all {len(cks)} checkpoint(s) in {run.dir/'checkpoints'} are damaged ({errs[0]}); "
+        raise CheckpointError(f"run {run.id}: all {len(cks)} checkpoint(s) in {run.checkpoints_dir} are damaged ({errs[0]}); "
                               f"refusing to silently start it over from step 0. `--skip-recovery` trains a fresh run beside it, "
-                              f"or move {run.dir/'checkpoints'} away to restart this run from step 0")
+                              f"or move {run.checkpoints_dir} away to restart this run from step 0")
     n = sum(1 for l in run.metrics_path.read_text(errors='replace').splitlines() if l.strip()) if run.metrics_path.exists() else 0
     if n:
         atomic_write_text(run.metrics_path, '')
         run.log(f"restarting run {run.id} from step 0 (no checkpoint was saved): cleared {n} metric line(s) of the earlier attempt")
 
-# %% ../nbs/06a_registry.ipynb #713ff9b2
+# %% ../nbs/06a_registry.ipynb #b533c18b
+def resolve_run(cfg: WFConfig, runs_dir=None, commit: str | None = None) -> Run:
+    "The run (existing or not) that `cfg` trains at `commit` (default: this checkout's), in `runs_dir`."
+    fp = fingerprint(cfg, git_info()['commit'] if commit is None else commit)
+    return Run(run_dir_in(runs_dir or default_runs_dir(), run_id_for(cfg, fp)))
+
+def completed_run(cfg: WFConfig, runs_dir=None, commit: str | None = None) -> Run | None:
+    "The COMPLETED run of `cfg` (same fingerprint), or None."
+    run = resolve_run(cfg, runs_dir, commit)
+    return run if run.status == Status.COMPLETED else None
+
+# %% ../nbs/06a_registry.ipynb #2ba45297
+def _refuse_reopen(run: Run, m: dict, fresh_lock: bool):
+    "Raise `RunExistsError` for a COMPLETED run, or one RUNNING in another live process or on another machine."
+    st = m.get('status', '')
+    if st == Status.COMPLETED:
+        raise RunExistsError(f"run {run.id} already COMPLETED (output: {run_output(run)}); nothing to do. "
+                             f"Use --skip-recovery to train a fresh run, or change the config.", run, st)
+    if st == Status.RUNNING and (not fresh_lock or m.get('host') not in (None, socket.gethostname())):
+        raise RunExistsError(f"run {run.id} is RUNNING in process {m.get('pid')} on {m.get('host')}; `wf cancel {run.id}` to stop it", run, st)
+
+# %% ../nbs/06a_registry.ipynb #2be8d749
+def _reopen(run: Run, st: str, cfg: WFConfig, fp: str, gi: dict, lineage: dict | None) -> Run:
+    "Reopen an INTERRUPTED/FAILED (or DAMAGED) run for resume, marked RUNNING in this process."
+    if st == Status.DAMAGED:   # keep the damaged file for inspection, rebuild the metadata
+        set_aside(run.meta_path, '.damaged')
+        run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], stage=cfg.stage, model=cfg.model.name,
+                   created=_now(), lineage=lineage or {})
+        run.log(f"{run.meta_path} was damaged: kept as metadata.json.damaged and rebuilt")
+    check_parent(run, lineage)
+    repair_metrics(run)
+    _check_resumable(run)
+    run.update(status=Status.RUNNING, pid=os.getpid(), host=socket.gethostname(), resumed=run.meta().get('resumed', 0) + 1)
+    run.log(f"resuming run {run.id} (was {Status.INTERRUPTED if st == Status.RUNNING else st})", echo=False)
+    return run
+
+def _create(run: Run, cfg: WFConfig, fp: str, gi: dict, lineage: dict | None) -> Run:
+    "A new run (or one killed before its metadata existed): config.yaml and metadata.json, RUNNING in this process."
+    save_yaml(cfg, run.dir/'config.yaml')
+    run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], git_dirty=gi['dirty'], status=Status.RUNNING,
+               stage=cfg.stage, model=cfg.model.name, created=_now(), pid=os.getpid(), host=socket.gethostname(),
+               lineage=lineage or {}, argv=sys.argv[1:])
+    if run.metrics_path.exists(): _check_resumable(run)
+    return run
+
+# %% ../nbs/06a_registry.ipynb #eb5f2bb1
 def open_run(cfg: WFConfig, runs_dir=None, skip_recovery=False, lineage: dict | None = None, commit=None) -> Run:
     "The run directory for `cfg`, locked for this process: created, or reopened for resume (see above)."
     runs_dir = Path(runs_dir or default_runs_dir())
     gi = git_info() if commit is None else {'commit': commit, 'dirty': False}
-    fp = fingerprint(cfg, gi['commit'])
-    rid = run_id_for(cfg, fp)
-    run = Run(run_dir_in(runs_dir, rid))
+    fp, run = fingerprint(cfg, gi['commit']), resolve_run(cfg, runs_dir, gi['commit'])
     if skip_recovery and run.dir.exists():
-        run = Run(run_dir_in(runs_dir, f"{rid}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"))
+        run = Run(run_dir_in(runs_dir, f"{run.id}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"))
     fresh_lock = lock_run(run.dir)       # before looking: a second process with this config stops here
     try:
-        m = run.meta(); st = m.get('status', '')
-        if m:
-            if st == 'COMPLETED':
-                raise RunExistsError(f"run {rid} already COMPLETED (output: {run_output(run)}); nothing to do. "
-                                     f"Use --skip-recovery to train a fresh run, or change the config.", run, st)
-            if st == 'RUNNING' and (not fresh_lock or m.get('host') not in (None, socket.gethostname())):
-                raise RunExistsError(f"run {rid} is RUNNING in process {m.get('pid')} on {m.get('host')}; `wf cancel {rid}` to stop it", run, st)
-            if st == 'DAMAGED':   # keep the damaged file for inspection, rebuild the metadata
-                set_aside(run.meta_path, '.damaged')
-                run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], stage=cfg.stage, model=cfg.model.name,
-                           created=_now(), lineage=lineage or {})
-                run.log(f"{run.meta_path} was damaged: kept as metadata.json.damaged and rebuilt")
-            check_parent(run, lineage)
-            repair_metrics(run)
-            _check_resumable(run)
-            run.update(status='RUNNING', pid=os.getpid(), host=socket.gethostname(), resumed=run.meta().get('resumed', 0) + 1)
-            run.log(f"resuming run {rid} (was {'INTERRUPTED' if st == 'RUNNING' else st})", echo=False)
-            return run
-        save_yaml(cfg, run.dir/'config.yaml')   # a new run (or one killed before its metadata existed)
-        run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], git_dirty=gi['dirty'], status='RUNNING',
-                   stage=cfg.stage, model=cfg.model.name, created=_now(), pid=os.getpid(), host=socket.gethostname(),
-                   lineage=lineage or {}, argv=sys.argv[1:])
-        if run.metrics_path.exists(): _check_resumable(run)
-        return run
+        m = run.meta()
+        if not m: return _create(run, cfg, fp, gi, lineage)
+        _refuse_reopen(run, m, fresh_lock)
+        return _reopen(run, m.get('status', ''), cfg, fp, gi, lineage)
     except BaseException:
         if fresh_lock: unlock_run(run.dir)
         raise
 
+# %% ../nbs/06a_registry.ipynb #4b48baeb
 def finish_run(run: Run, status: str, **kw):
     "Record the final status (and summary fields) of a run, and release its lock."
     assert status in STATUSES, status
-    try: run.update(status=status, finished=_now() if status == 'COMPLETED' else None, pid=None, **kw)
+    try: run.update(status=status, finished=_now() if status == Status.COMPLETED else None, pid=None, **kw)
     finally: unlock_run(run.dir)
 
 def copy_output(run: Run, out) -> Path:
@@ -288,14 +359,27 @@ def copy_output(run: Run, out) -> Path:
         raise FileNotFoundError(f"run {run.id} is COMPLETED but its output {src} is missing; `--skip-recovery` trains it again")
     return atomic_dir(out, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True), exists='error')
 
-# %% ../nbs/06a_registry.ipynb #7009b846
+# %% ../nbs/06a_registry.ipynb #9518e19a
+def train_config(model=None, stage=None, overrides=(), scale=None) -> WFConfig:
+    "The config `wf train -m MODEL -s STAGE [--scale SCALE] OVERRIDES...` runs (stage 1 by default)."
+    cfg = get_config(list(overrides), stage=str(stage) if stage not in (None, '') else '1', model=model)
+    if scale: cfg.distributed.scale = scale
+    return cfg
+
+def train_argv(model=None, stage=None, overrides=(), scale=None, runs_dir=None, skip_recovery=False) -> list[str]:
+    "The `wf train` arguments of a run, in a fixed order (`wf` itself not included)."
+    return ['train', *(['-m', str(model)] if model else []), *(['-s', str(stage)] if stage else []),
+            *(['--runs-dir', str(runs_dir)] if runs_dir else []), *(['--scale', scale] if scale else []),
+            *(['--skip-recovery'] if skip_recovery else []), *map(str, overrides)]
+
+# %% ../nbs/06a_registry.ipynb #c8ea3ac6
 def list_runs(runs_dir=None) -> list[Run]:
     "All runs under `runs_dir`, newest first."
     d = Path(runs_dir or default_runs_dir())
     runs = [Run(p) for p in d.iterdir() if (p/'metadata.json').exists()] if d.exists() else []
     return sorted(runs, key=lambda r: r.meta().get('created', ''), reverse=True)
 
-def find_runs(runs_dir=None, status='COMPLETED', **match) -> list[Run]:
+def find_runs(runs_dir=None, status=Status.COMPLETED, **match) -> list[Run]:
     "Runs with `status` whose config matches every dotted `match` (e.g. `{'model.name': 'x', 'stage': '1'}`)."
     out = []
     for r in list_runs(runs_dir):
@@ -308,6 +392,7 @@ def find_runs(runs_dir=None, status='COMPLETED', **match) -> list[Run]:
         if all(c.get(k) == v for k, v in match.items()): out.append(r)
     return out
 
+# %% ../nbs/06a_registry.ipynb #e5cfb997
 def get_run(ref, runs_dir=None) -> Run:
     "A run by id, unique id prefix, or path."
     p = Path(ref)
@@ -318,16 +403,10 @@ def get_run(ref, runs_dir=None) -> Run:
     if not hits: raise KeyError(f"no run {ref!r} in {Path(runs_dir or default_runs_dir()).resolve()}; `wf runs` lists them")
     raise KeyError(f"{ref!r} matches {len(hits)} runs ({', '.join(r.id for r in hits[:5])}); give more of the id")
 
-# %% ../nbs/06a_registry.ipynb #25935f50
+# %% ../nbs/06a_registry.ipynb #cc3eb91a
 def _last_metrics(run: Run) -> dict:
-    if not run.metrics_path.exists(): return {}
-    last = {}
-    with open(run.metrics_path) as f:
-        for line in f:
-            try: r = json.loads(line)
-            except json.JSONDecodeError: continue
-            if 'loss' in r: last = r
-    return last
+    "The run's last training-step record (`{}` before the first)."
+    return next(reversed(read_metrics(run, has='loss')), {})
 
 def _cost(run: Run, last: dict) -> str:
     "Cost so far (US$, from `training.cost_per_hour` or `distributed.gpus`), and the estimate for the whole run while it is unfinished."
@@ -338,6 +417,7 @@ def _cost(run: Run, last: dict) -> str:
     if last.get('step') and total > last['step']: s += f" (~${last['cost'] * total / last['step']:.2f})"
     return s
 
+# %% ../nbs/06a_registry.ipynb #7682cd53
 def runs_table(runs_dir=None) -> str:
     "A plain-text table of runs: id, status, stage, step, loss, cost, created."
     rows = [('RUN', 'STATUS', 'STAGE', 'STEP', 'LOSS', 'COST', 'CREATED')]
@@ -358,10 +438,11 @@ def run_logs(ref, runs_dir=None, n=20) -> str:
         out += ['', '--- train.log (last %d) ---' % n] + r.log_path.read_text().splitlines()[-n:]
     return '\n'.join(out)
 
+# %% ../nbs/06a_registry.ipynb #a47fb864
 def cancel_run(ref, runs_dir=None, sig=signal.SIGINT) -> str:
     "Ask a running run to stop (SIGINT: it saves a checkpoint and ends INTERRUPTED)."
     r = get_run(ref, runs_dir); m = r.meta()
-    if r.status != 'RUNNING': return f"run {r.id} is {r.status}; nothing to cancel"
+    if r.status != Status.RUNNING: return f"run {r.id} is {r.status}; nothing to cancel"
     if m.get('host') != socket.gethostname(): return f"run {r.id} runs on {m.get('host')}; cancel it there"
     held = lock_holder(r.dir)   # the process holding the run's lock is the run; a stored pid alone may be another program's by now
     if not held or not str(held).isdigit():
