@@ -40,43 +40,76 @@ def _texts_of(path: Path) -> list[str]:
         return [r['text'] for r in rows]
     return [path.read_text(errors='replace')]
 
+# %% ../nbs/08_eval.ipynb #48c37aa3
 def _exists(x) -> bool:
     "Whether `x` names an existing path (a long or multi-line string is text, not a path)."
     if isinstance(x, str) and ('\n' in x or len(x) > 1024): return False
     try: return Path(x).expanduser().exists()
     except OSError: return False
 
+# %% ../nbs/08_eval.ipynb #f15b120c
+def _is_shard_dir(p: Path) -> bool:
+    return p.is_dir() and ((p/'manifest.json').exists() or any(p.glob('*.npy')) or any(p.glob('*.pt')))
+
+def _shard_docs(p: Path, tokenizer) -> list[np.ndarray]:
+    "Each flat shard as one document stream, or each pretokenized row as one document."
+    from wf_nb.shards import TokenShards
+    st = TokenShards(p, tokenizer=tokenizer)
+    if st.layout == 'rows': return [np.asarray(r, np.int64) for k in range(len(st.shards)) for r in st._file(k)]
+    return [np.asarray(st._file(k), np.int64) for k in range(len(st.shards))]
+
+# %% ../nbs/08_eval.ipynb #cb19f6d4
+def _resolve_data(data, tokenizer) -> list:
+    "The documents a path names (shards, files, folders), or `[data]` for a literal text."
+    if _exists(data):
+        p = Path(data).expanduser()
+        return _shard_docs(p, tokenizer) if _is_shard_dir(p) else _texts_of(p)
+    if isinstance(data, Path) or str(data).endswith(TEXT_SUFFIXES + ('.jsonl',)) or ('\n' not in str(data) and os.sep in str(data)):
+        raise FileNotFoundError(f"held-out data {data} does not exist")
+    return [data]                      # a literal text
+
+# %% ../nbs/08_eval.ipynb #aeec4809
+def _tokenize_docs(data, tokenizer) -> list[np.ndarray]:
+    if isinstance(data, torch.Tensor): data = [data] if data.ndim == 1 else list(data)
+    docs = []
+    for d in data:
+        if isinstance(d, str):
+            if tokenizer is None: raise ValueError("perplexity on text needs a tokenizer")
+            docs.append(np.asarray(tokenizer(d, add_special_tokens=False).input_ids, np.int64))
+        else: docs.append(np.asarray(d.cpu() if isinstance(d, torch.Tensor) else d, np.int64))
+    return docs
+
+def _cap_tokens(docs: list[np.ndarray], max_tokens: int) -> list[np.ndarray]:
+    "The first documents, holding `max_tokens` scored tokens in all (the last one cut)."
+    out, left = [], max_tokens
+    for d in docs:
+        if left <= 0: break
+        d = d[:left + 1]; out.append(d); left -= len(d) - 1
+    return out
+
+# %% ../nbs/08_eval.ipynb #f13ec50a
 def token_docs(data, tokenizer=None, max_tokens: int | None = None) -> list[np.ndarray]:
     "Held-out documents as int64 token arrays from ids, text, files, folders or token shards."
-    docs = None
-    if isinstance(data, (str, Path)):
-        p = Path(data).expanduser()
-        if _exists(data):
-            if p.is_dir() and ((p/'manifest.json').exists() or any(p.glob('*.npy')) or any(p.glob('*.pt'))):
-                from wf_nb.shards import TokenShards
-                st = TokenShards(p, tokenizer=tokenizer)
-                if st.layout == 'rows': docs = [np.asarray(r, np.int64) for k in range(len(st.shards)) for r in st._file(k)]
-                else: docs = [np.asarray(st._file(k), np.int64) for k in range(len(st.shards))]
-            else: data = _texts_of(p)
-        elif isinstance(data, Path) or str(data).endswith(TEXT_SUFFIXES + ('.jsonl',)) or ('\n' not in str(data) and os.sep in str(data)):
-            raise FileNotFoundError(f"held-out data {data} does not exist")
-        else: data = [data]                      # a literal text
-    if docs is None:
-        if isinstance(data, torch.Tensor): data = [data] if data.ndim == 1 else list(data)
-        docs = []
-        for d in data:
-            if isinstance(d, str):
-                if tokenizer is None: raise ValueError("perplexity on text needs a tokenizer")
-                docs.append(np.asarray(tokenizer(d, add_special_tokens=False).input_ids, np.int64))
-            else: docs.append(np.asarray(d.cpu() if isinstance(d, torch.Tensor) else d, np.int64))
-    docs = [d for d in docs if len(d) >= 2]
-    if max_tokens:
-        out, left = [], max_tokens
-        for d in docs:
-            if left <= 0: break
-            d = d[:left + 1]; out.append(d); left -= len(d) - 1
-        docs = out
-    return docs
+    if isinstance(data, (str, Path)): data = _resolve_data(data, tokenizer)
+    docs = [d for d in _tokenize_docs(data, tokenizer) if len(d) >= 2]
+    return _cap_tokens(docs, max_tokens) if max_tokens else docs
+
+# %% ../nbs/08_eval.ipynb #5ff057d5
+def _check_token_range(model, docs):
+    V = getattr(getattr(model, 'config', None), 'vocab_size', None) or 1 << 62
+    lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
+    if lo < 0 or hi >= V: raise ValueError(f"held-out data holds token ids {lo}..{hi}, outside the model's vocabulary 0..{V - 1}: "
+                                           f"tokenized for another model? Tokenize it with this model's tokenizer")
+
+def _window_batch(chunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    "`input_ids`, `attention_mask` and targets (-100: not scored) for `(doc, begin, end, score_from)` windows."
+    L = max(e - b for _, b, e, _ in chunk)
+    ids = torch.zeros(len(chunk), L, dtype=torch.long); am = torch.zeros_like(ids)
+    tgt = torch.full_like(ids, -100)
+    for i, (d, b, e, f) in enumerate(chunk):
+        ids[i, :e - b] = torch.from_numpy(d[b:e]); am[i, :e - b] = 1
+        tgt[i, f - b:e - b] = torch.from_numpy(d[f:e])
+    return ids, am, tgt
 
 # %% ../nbs/08_eval.ipynb #1ac3d5c6
 @torch.no_grad()
@@ -85,23 +118,14 @@ def perplexity(model, data, tokenizer=None, seq_len: int = 512, stride: int | No
     "Perplexity of `model` on held-out `data` with sliding windows; every predictable token scored exactly once."
     docs = token_docs(data, tokenizer, max_tokens)
     if not docs: raise ValueError("no held-out document with at least 2 tokens")
-    V = getattr(getattr(model, 'config', None), 'vocab_size', None) or 1 << 62
-    lo, hi = min(int(d.min()) for d in docs), max(int(d.max()) for d in docs)
-    if lo < 0 or hi >= V: raise ValueError(f"held-out data holds token ids {lo}..{hi}, outside the model's vocabulary 0..{V - 1}: "
-                                           f"tokenized for another model? Tokenize it with this model's tokenizer")
+    _check_token_range(model, docs)
     dev = next(model.parameters()).device
     was = model.training; model.eval()
     jobs = [(d, b, e, f) for d in docs for b, e, f in windows(len(d), seq_len, stride)]
     nll, n = 0.0, 0
     try:
         for s in range(0, len(jobs), batch_size):
-            chunk = jobs[s:s + batch_size]
-            L = max(e - b for _, b, e, _ in chunk)
-            ids = torch.zeros(len(chunk), L, dtype=torch.long); am = torch.zeros_like(ids)
-            tgt = torch.full_like(ids, -100)
-            for i, (d, b, e, f) in enumerate(chunk):
-                ids[i, :e - b] = torch.from_numpy(d[b:e]); am[i, :e - b] = 1
-                tgt[i, f - b:e - b] = torch.from_numpy(d[f:e])
+            ids, am, tgt = _window_batch(jobs[s:s + batch_size])
             logits = model(input_ids=ids.to(dev), attention_mask=am.to(dev), use_cache=False).logits[:, :-1]
             t = tgt[:, 1:].to(dev); keep = t != -100
             rows, tt = logits[keep], t[keep]
@@ -120,28 +144,35 @@ def encode_pair(tokenizer, context: str, choice: str) -> tuple[list[int], list[i
     ctx = tokenizer(context, add_special_tokens=False).input_ids
     return ctx, tokenizer(context + choice, add_special_tokens=False).input_ids[len(ctx):]
 
-@torch.no_grad()
-def choice_logprobs(model, tokenizer, context: str, choices: list[str], max_len: int = 1024) -> list[float]:
-    "Summed log-probability of each choice's tokens following `context`."
-    dev = next(model.parameters()).device
-    outs = []
+# %% ../nbs/08_eval.ipynb #78f71cb8
+def _choice_rows(tokenizer, context: str, choices: list[str], max_len: int) -> list[tuple[list[int], int]]:
+    "`(tokens, n_choice_tokens)` per choice."
     encs = []
     for c in choices:
         ctx, ct = encode_pair(tokenizer, context, c)
         if not ct: raise TaskFormatError(f"choice {c!r} tokenizes to nothing")
         if len(ct) >= max_len or not ctx: raise TaskFormatError(f"choice {c[:40]!r}: needs a non-empty context and fewer than max_len={max_len} tokens")
-        full = (ctx + ct)[-max_len:]
-        encs.append((full, len(ct)))
+        encs.append(((ctx + ct)[-max_len:], len(ct)))
+    return encs
+
+# %% ../nbs/08_eval.ipynb #3f8f9a81
+@torch.no_grad()
+def choice_logprobs(model, tokenizer, context: str, choices: list[str], max_len: int = 1024) -> list[float]:
+    "Summed log-probability of each choice's tokens following `context`."
+    dev = next(model.parameters()).device
+    encs = _choice_rows(tokenizer, context, choices, max_len)
     L = max(len(f) for f, _ in encs)
     ids = torch.full((len(encs), L), tokenizer.pad_token_id or 0, dtype=torch.long); am = torch.zeros_like(ids)
     for i, (f, _) in enumerate(encs): ids[i, :len(f)] = torch.tensor(f); am[i, :len(f)] = 1
     logits = model(input_ids=ids.to(dev), attention_mask=am.to(dev)).logits
+    outs = []
     for i, (f, k) in enumerate(encs):          # log-softmax only over the k rows that predict the choice's tokens
         n = len(f)
         lp = logits[i, n - k - 1:n - 1].double().log_softmax(-1)
         outs.append(lp.gather(-1, torch.tensor(f[n - k:], device=lp.device)[:, None]).sum().item())
     return outs
 
+# %% ../nbs/08_eval.ipynb #79256ae4
 def _mc_rows(mc) -> list[dict]:
     rows = read_jsonl(mc) if isinstance(mc, (str, Path)) else list(mc)
     for i, r in enumerate(rows, 1):
@@ -151,6 +182,7 @@ def _mc_rows(mc) -> list[dict]:
             raise TaskFormatError(f"multiple-choice item {i}: label {r['label']!r} is not an index into its {len(r['choices'])} choices")
     return rows
 
+# %% ../nbs/08_eval.ipynb #deaf7a03
 def multiple_choice(model, tokenizer, mc, max_len: int = 1024, limit: int | None = None) -> dict:
     "Accuracy (raw and byte-length-normalized log-likelihood) with standard errors on a multiple-choice JSONL file or rows."
     rows = _mc_rows(mc)[:limit]
@@ -177,6 +209,26 @@ def _gen_stats(model, prompt_tokens: int, new_tokens: int, seconds: float) -> di
                      decode_tokens_per_s=(fs['new_tokens'] - 1) / fs['decode_s'] if fs['new_tokens'] > 1 and fs['decode_s'] > 0 else None)
     return st
 
+# %% ../nbs/08_eval.ipynb #10b37939
+def _gen_kwargs(tokenizer, ids: torch.Tensor, max_new_tokens: int, temperature: float, top_p: float, top_k: int) -> dict:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=pad,
+              eos_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(ids))
+    if temperature > 0: kw.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
+    else: kw.update(temperature=None, top_p=None, top_k=None)
+    return kw
+
+# %% ../nbs/08_eval.ipynb #91be3ccf
+def _prompt_ids(model, tokenizer, prompt: str, chat: bool, max_new_tokens: int) -> torch.Tensor:
+    dev = next(itertools.chain(model.parameters(), model.buffers())).device
+    if chat: prompt = tokenizer.apply_chat_template([{'role': 'user', 'content': prompt}], tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids], device=dev)
+    from wf_nb.export import context_error
+    why = context_error(model, ids.shape[1], max_new_tokens)
+    if why: raise ValueError(f"generate: {why}")
+    return ids
+
+# %% ../nbs/08_eval.ipynb #1deac1b3
 @torch.no_grad()
 def generate(model, tokenizer=None, prompt: str = '', max_new_tokens: int = 64, temperature: float = 0.0, top_p: float = 1.0,
              top_k: int = 0, seed: int | None = None, chat: bool = False, stats: dict | None = None) -> str:
@@ -185,17 +237,8 @@ def generate(model, tokenizer=None, prompt: str = '', max_new_tokens: int = 64, 
         model, own = load_for_eval(model)
         tokenizer = tokenizer or own
     if tokenizer is None: raise ValueError("generate: pass a tokenizer with a model object")
-    dev = next(itertools.chain(model.parameters(), model.buffers())).device
-    if chat: prompt = tokenizer.apply_chat_template([{'role': 'user', 'content': prompt}], tokenize=False, add_generation_prompt=True)
-    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids], device=dev)
-    from wf_nb.export import context_error
-    why = context_error(model, ids.shape[1], max_new_tokens)
-    if why: raise ValueError(f"generate: {why}")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    kw = dict(do_sample=temperature > 0, max_new_tokens=max_new_tokens, pad_token_id=pad,
-              eos_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(ids))
-    if temperature > 0: kw.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
-    else: kw.update(temperature=None, top_p=None, top_k=None)
+    ids = _prompt_ids(model, tokenizer, prompt, chat, max_new_tokens)
+    kw = _gen_kwargs(tokenizer, ids, max_new_tokens, temperature, top_p, top_k)
     was = model.training; model.eval()
     model.__dict__.pop('generate_stats', None); t0 = time.perf_counter()
     try:
@@ -208,29 +251,34 @@ def generate(model, tokenizer=None, prompt: str = '', max_new_tokens: int = 64, 
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 # %% ../nbs/08_eval.ipynb #29189c15
+def _load_dir(p: Path, dtype=None):
+    "`(model, tokenizer)` from a checkpoint directory: a packed `wf export` output, any checkpoint wf_nb wrote, or plain HF."
+    from transformers import AutoTokenizer
+    from wf_nb.export import is_packed_dir, load_packed
+    try:
+        from wf_nb.convert import load
+        model = (load_packed if is_packed_dir(p) else load)(p, dtype=dtype)   # packed: a `wf export` output
+    except ImportError:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32)
+    tok = AutoTokenizer.from_pretrained(p)
+    if tok.pad_token is None: tok.pad_token = tok.eos_token
+    return model.eval(), tok
+
+# %% ../nbs/08_eval.ipynb #d37574f8
 def load_for_eval(src, dtype=None):
     "`(model, tokenizer)` from a checkpoint dir (wf_nb or HF) or a model preset name."
     from wf_nb.config import PRESETS, get_config
     from wf_nb.assets import load_fp_model, load_tokenizer
     p = Path(str(src)).expanduser()
-    if p.is_dir():
-        from transformers import AutoTokenizer
-        from wf_nb.export import is_packed_dir, load_packed
-        try:
-            from wf_nb.convert import load
-            model = (load_packed if is_packed_dir(p) else load)(p, dtype=dtype)   # packed: a `wf export` output
-        except ImportError:
-            from transformers import AutoModelForCausalLM
-            model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype or torch.float32)
-        tok = AutoTokenizer.from_pretrained(p)
-        if tok.pad_token is None: tok.pad_token = tok.eos_token
-        return model.eval(), tok
+    if p.is_dir(): return _load_dir(p, dtype)
     if str(src) in PRESETS['model']:
         mc = get_config(model=str(src)).model
         return load_fp_model(mc, dtype=dtype), load_tokenizer(mc)
     raise FileNotFoundError(f"evaluate: {src!r} is neither a checkpoint directory nor a model preset "
                             f"({', '.join(sorted(PRESETS['model']))})")
 
+# %% ../nbs/08_eval.ipynb #434f4312
 def metric_rows(results: dict) -> list[dict]:
     "The rows (metric, value, stderr, n) of `wf eval`'s table for the metrics in `results`; print with `io.format_table`."
     row = lambda metric, value, stderr, n: dict(metric=metric, value=float(value), stderr=None if stderr is None else float(stderr), n=n)
@@ -250,51 +298,68 @@ def metric_rows(results: dict) -> list[dict]:
     return rows
 
 # %% ../nbs/08_eval.ipynb #9861d355
-def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokenizer=None, seq_len: int = 512,
-             stride: int | None = None, batch_size: int = 4, max_tokens: int | None = None, limit: int | None = None,
-             max_len: int = 1024, calibrate: bool = False, log=print) -> dict:
-    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task` (`calibrate`: also content-free calibrated); table + JSON."
-    from wf_nb.tasks import task_accuracy, ClassificationTask
-    if data is None and mc is None and task is None:
-        raise ValueError("evaluate: nothing to do; give data=HELD_OUT_TEXT_OR_SHARDS, mc=CHOICES.jsonl and/or task=TASK")
-    t0 = time.time()
+def _eval_model(path_or_model, tokenizer, data, mc, task):
+    "`(model, tokenizer, source name)`: a model object as given (it needs `tokenizer` for text), else `load_for_eval`."
     if isinstance(path_or_model, nn.Module):
-        model, src = path_or_model, type(path_or_model).__name__
         if tokenizer is None and (mc is not None or task is not None or isinstance(data, (str, Path))):
             raise ValueError("evaluate(model_object, ...): pass tokenizer= to evaluate text, multiple choice or tasks")
-    else:
-        model, tok = load_for_eval(path_or_model); src = str(path_or_model)
-        tokenizer = tokenizer or tok
+        return path_or_model, tokenizer, type(path_or_model).__name__
+    model, tok = load_for_eval(path_or_model)
+    return model, tokenizer or tok, str(path_or_model)
+
+# %% ../nbs/08_eval.ipynb #f80880a3
+def _fit_context(model, seq_len: int, max_len: int, log=print) -> tuple[int, int]:
     ctx = getattr(getattr(model, 'config', None), 'max_position_embeddings', None)
     if ctx and seq_len > ctx:   # windows past the positions the model was trained on would score garbage
         log(f"note: --seq-len {seq_len} is past the model's context of {ctx} positions: scoring {ctx}-token windows")
         seq_len = ctx
-    max_len = min(max_len, ctx or max_len)
+    return seq_len, min(max_len, ctx or max_len)
+
+# %% ../nbs/08_eval.ipynb #8b6d6b76
+def _task_rows(task, limit: int | None = None):
+    "`(rows, ClassificationTask)` for `task`: the built-in `shakespeare_genre` or a `{text, label}` JSONL file."
+    from wf_nb.tasks import ClassificationTask
+    if task == 'shakespeare_genre':
+        from wf_nb.tasks import shakespeare_genre, GENRE_TASK
+        return shakespeare_genre('test', n_per_genre=max(1, limit // 3) if limit else 100), GENRE_TASK
+    if not Path(task).is_file(): raise TaskFormatError(f"--task {task}: not a built-in task (shakespeare_genre) nor an existing JSONL file")
+    rows = read_jsonl(task)
+    bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict) or 'label' not in r or 'text' not in r), None)
+    if not rows or bad: raise TaskFormatError(f"{task}{f':{bad}' if bad else ''}: task evaluation needs {{\"text\": ..., \"label\": ...}} rows")
+    rows = [dict(r, label=str(r['label'])) for r in rows]
+    return rows, ClassificationTask(sorted({r['label'] for r in rows}), name=Path(task).stem)
+
+# %% ../nbs/08_eval.ipynb #60bd4407
+def _eval_mc(model, tokenizer, mc, max_len, limit) -> dict:
+    r = multiple_choice(model, tokenizer, mc, max_len, limit)
+    r.pop('predictions'); r['file'] = str(mc) if isinstance(mc, (str, Path)) else '<in-memory>'
+    return r
+
+def _eval_task(model, tokenizer, task, max_len, limit, batch_size, calibrate) -> dict:
+    from wf_nb.tasks import task_accuracy
+    rows, tk = _task_rows(task, limit)
+    r = task_accuracy(model, tokenizer, rows[:limit], tk, max_len=max_len, batch_size=batch_size, calibrate=calibrate)
+    r.pop('predictions'); r.get('calibrated', {}).pop('predictions', None); r['name'] = tk.name
+    return r
+
+# %% ../nbs/08_eval.ipynb #e9a7d163
+def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokenizer=None, seq_len: int = 512,
+             stride: int | None = None, batch_size: int = 4, max_tokens: int | None = None, limit: int | None = None,
+             max_len: int = 1024, calibrate: bool = False, log=print) -> dict:
+    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task` (`calibrate`: also content-free calibrated); table + JSON."
+    if data is None and mc is None and task is None:
+        raise ValueError("evaluate: nothing to do; give data=HELD_OUT_TEXT_OR_SHARDS, mc=CHOICES.jsonl and/or task=TASK")
+    t0 = time.time()
+    model, tokenizer, src = _eval_model(path_or_model, tokenizer, data, mc, task)
+    seq_len, max_len = _fit_context(model, seq_len, max_len, log)
     res = {'model': src}
     if isinstance(data, str) and not _exists(data):
         raise FileNotFoundError(f"evaluate: held-out data {data!r} does not exist (a text file, folder or token-shard dir)")
     if data is not None:
         res['perplexity'] = perplexity(model, data, tokenizer, seq_len, stride, batch_size, max_tokens)
         res['perplexity']['data'] = str(data) if isinstance(data, (str, Path)) else '<in-memory>'
-    if mc is not None:
-        r = multiple_choice(model, tokenizer, mc, max_len, limit)
-        r.pop('predictions'); r['file'] = str(mc) if isinstance(mc, (str, Path)) else '<in-memory>'
-        res['mc'] = r
-    if task is not None:
-        if task == 'shakespeare_genre':
-            from wf_nb.tasks import shakespeare_genre, GENRE_TASK
-            rows, tk = shakespeare_genre('test', n_per_genre=max(1, limit // 3) if limit else 100), GENRE_TASK
-        else:
-            if not Path(task).is_file(): raise TaskFormatError(f"--task {task}: not a built-in task (shakespeare_genre) nor an existing JSONL file")
-            rows = read_jsonl(task)
-            bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict) or 'label' not in r or 'text' not in r), None)
-            if not rows or bad: raise TaskFormatError(f"{task}{f':{bad}' if bad else ''}: task evaluation needs {{\"text\": ..., \"label\": ...}} rows")
-            rows = [dict(r, label=str(r['label'])) for r in rows]
-            tk = ClassificationTask(sorted({r['label'] for r in rows}), name=Path(task).stem)
-        rows = rows[:limit]
-        r = task_accuracy(model, tokenizer, rows, tk, max_len=max_len, batch_size=batch_size, calibrate=calibrate)
-        r.pop('predictions'); r.get('calibrated', {}).pop('predictions', None); r['name'] = tk.name
-        res['task'] = r
+    if mc is not None: res['mc'] = _eval_mc(model, tokenizer, mc, max_len, limit)
+    if task is not None: res['task'] = _eval_task(model, tokenizer, task, max_len, limit, batch_size, calibrate)
     res['seconds'] = round(time.time() - t0, 2)
     log(f"evaluation of {src}\n" + format_table(metric_rows(res), '.4f'))
     if out_json: write_json(out_json, res, default=float)
