@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib, inspect, json, math, random, re
 from pathlib import Path
 import torch
+from fastcore.basics import patch
+from .errors import WFError
 from .assets import shakespeare_files
 
 # %% auto #0
@@ -17,7 +19,7 @@ __all__ = ['DEFAULT_PROMPT', 'FOLIO_GENRES', 'GENRE_TASK', 'CONTENT_FREE', 'Task
            'task_accuracy']
 
 # %% ../nbs/04a_tasks.ipynb #834ad45c
-class TaskFormatError(ValueError):
+class TaskFormatError(WFError, ValueError):
     "A task file or example that cannot be used; the message names the line and the expected format."
 
 def read_jsonl(path) -> list[dict]:
@@ -29,6 +31,7 @@ def read_jsonl(path) -> list[dict]:
         except json.JSONDecodeError as e: raise TaskFormatError(f"{path}:{i}: not valid JSON ({e.msg})") from None
     return rows
 
+# %% ../nbs/04a_tasks.ipynb #af547f14
 def task_kind(row: dict) -> str:
     "`classification` ({text,label}), `chat` ({messages} or {prompt,response})."
     if 'messages' in row or ('prompt' in row and 'response' in row): return 'chat'
@@ -50,6 +53,7 @@ class ClassificationTask:
         return ' ' + label
     def __repr__(self): return f"ClassificationTask({self.name!r}, labels={self.labels})"
 
+# %% ../nbs/04a_tasks.ipynb #3947b25a
 def encode_classification(tokenizer, text: str, label: str, task: ClassificationTask, max_len: int = 512,
                           eos: bool = True) -> dict:
     "Prompt + label tokens (+ EOS), labels `-100` on the prompt; an over-long passage is cut from its start."
@@ -69,6 +73,7 @@ def _messages(row):
     if 'messages' in row: return row['messages']
     return [{'role': 'user', 'content': row['prompt']}, {'role': 'assistant', 'content': row['response']}]
 
+# %% ../nbs/04a_tasks.ipynb #b580197d
 def encode_chat(tokenizer, row: dict, max_len: int | None = None) -> dict:
     "Chat-template tokens with loss on assistant turns only (truncated to `max_len` when given)."
     msgs = _messages(row)
@@ -102,6 +107,7 @@ def collate(examples: list[dict], pad_token_id: int, max_len: int | None = None)
         ids[i, :n] = torch.tensor(e['input_ids'][:n]); lab[i, :n] = torch.tensor(e['labels'][:n]); am[i, :n] = 1
     return dict(input_ids=ids, labels=lab, attention_mask=am)
 
+# %% ../nbs/04a_tasks.ipynb #4613324a
 def pack(examples: list[dict], seq_len: int, pad_token_id: int) -> list[dict]:
     "Rows of `seq_len` tokens (`input_ids`, `labels`, `attention_mask` lists) packing `examples`."
     ids, lab = [], []
@@ -116,6 +122,7 @@ def pack(examples: list[dict], seq_len: int, pad_token_id: int) -> list[dict]:
         rows.append(r)
     return rows
 
+# %% ../nbs/04a_tasks.ipynb #d324bf2c
 def stack_rows(rows: list[dict]) -> dict:
     "Batch of packed rows as LongTensors."
     return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in rows[0]}
@@ -134,6 +141,7 @@ FOLIO_GENRES = {
 GENRE_TASK = ClassificationTask(['comedy', 'history', 'tragedy'], name='shakespeare_genre',
     prompt="Passage from a Shakespeare play:\n{text}\n\nQuestion: Is this play a comedy, a history or a tragedy?\nAnswer:")
 
+# %% ../nbs/04a_tasks.ipynb #c96751b1
 _SPEAKER = re.compile(r"^[A-Z][A-Za-z' ]{0,25}\.$")   # 'Ham.', 'First Clown.', 'Lady M.'
 def play_lines(path) -> list[str]:
     "Dialogue lines of a play file: no front matter, headings, stage directions or speaker tags."
@@ -148,6 +156,7 @@ def play_lines(path) -> list[str]:
         out.append(s)
     return out
 
+# %% ../nbs/04a_tasks.ipynb #0c1d4481
 def play_passages(path, passage_words: int = 60) -> list[str]:
     "Consecutive, non-overlapping passages of about `passage_words` words (whole lines)."
     out, cur, n = [], [], 0
@@ -156,6 +165,7 @@ def play_passages(path, passage_words: int = 60) -> list[str]:
         if n >= passage_words: out.append('\n'.join(cur)); cur, n = [], 0
     return out
 
+# %% ../nbs/04a_tasks.ipynb #e32a4ca8
 def _order(names, seed):
     return sorted(names, key=lambda s: hashlib.sha256(f'{seed}:{s}'.encode()).hexdigest())
 
@@ -167,6 +177,16 @@ def genre_splits(seed: int = 0, n_val_plays: int = 2, n_test_plays: int = 2) -> 
         out['test'][g] = sorted(o[:n_test_plays]); out['val'][g] = sorted(o[n_test_plays:n_test_plays + n_val_plays])
         out['train'][g] = sorted(o[n_test_plays + n_val_plays:])
     return out
+
+# %% ../nbs/04a_tasks.ipynb #da109139
+def _round_robin(passages: dict[str, list[str]], n: int, label: str, rng) -> list[dict]:
+    "`n` examples `{text, label, play}` taken from each play of `passages` ({play: [passages]}) in turn."
+    queues = {pl: rng.sample(ps, len(ps)) for pl, ps in sorted(passages.items())}
+    picked = []
+    while len(picked) < n:
+        for pl, q in queues.items():
+            if q and len(picked) < n: picked.append(dict(text=q.pop(), label=label, play=pl))
+    return picked
 
 # %% ../nbs/04a_tasks.ipynb #2e7b3d26
 def shakespeare_genre(split: str = 'train', n_per_genre: int | None = None, passage_words: int = 60,
@@ -181,14 +201,7 @@ def shakespeare_genre(split: str = 'train', n_per_genre: int | None = None, pass
     if n > cap: raise TaskFormatError(f"n_per_genre={n} but split {split!r} has only {cap} passages in its scarcest genre")
     rng = random.Random(f'{seed}:{split}')
     out = []
-    for g, d in by_genre.items():
-        # round-robin over plays (each play's passages in a seeded order) so every play contributes evenly
-        queues = {pl: rng.sample(ps, len(ps)) for pl, ps in sorted(d.items())}
-        picked = []
-        while len(picked) < n:
-            for pl, q in queues.items():
-                if q and len(picked) < n: picked.append(dict(text=q.pop(), label=g, play=pl))
-        out += picked
+    for g, d in by_genre.items(): out += _round_robin(d, n, g, rng)
     rng.shuffle(out)
     return out
 
@@ -197,6 +210,18 @@ def _sibling(path: Path, split: str) -> Path:
     name = path.name[:-len('.jsonl')] if path.name.endswith('.jsonl') else path.stem
     return path.with_name(f'{name}.{split}.jsonl')
 
+# %% ../nbs/04a_tasks.ipynb #f5c7ce6d
+def _task_file(path: Path, split: str) -> tuple[str, list[dict], Path]:
+    "`(kind, rows, file)` of split `split` of the JSONL task at `path`."
+    p = path if split == 'train' else _sibling(path, split)
+    if not p.exists(): raise TaskFormatError(f"task {path}: no {split} file {p.name} next to it")
+    rows = read_jsonl(p)
+    if not rows: raise TaskFormatError(f"{p}: empty task file")
+    kinds = {task_kind(r) for r in rows}
+    if len(kinds) > 1: raise TaskFormatError(f"{p}: mixes row formats {sorted(kinds)}")
+    return kinds.pop(), rows, p
+
+# %% ../nbs/04a_tasks.ipynb #8543e8b9
 def load_task(name_or_path: str, split: str = 'train', labels=None):
     "`(kind, rows, task)` for the built-in `shakespeare_genre` or a JSONL file (and its `.val`/`.test` siblings)."
     if name_or_path == 'shakespeare_genre':
@@ -204,13 +229,7 @@ def load_task(name_or_path: str, split: str = 'train', labels=None):
     path = Path(name_or_path).expanduser()
     if not path.exists():
         raise TaskFormatError(f"task {name_or_path!r}: not a built-in task (shakespeare_genre) nor an existing JSONL file")
-    p = path if split == 'train' else _sibling(path, split)
-    if not p.exists(): raise TaskFormatError(f"task {path}: no {split} file {p.name} next to it")
-    rows = read_jsonl(p)
-    if not rows: raise TaskFormatError(f"{p}: empty task file")
-    kinds = {task_kind(r) for r in rows}
-    if len(kinds) > 1: raise TaskFormatError(f"{p}: mixes row formats {sorted(kinds)}")
-    kind = kinds.pop()
+    kind, rows, p = _task_file(path, split)
     task = None
     if kind == 'classification':
         labels = labels or sorted({r['label'] for r in read_jsonl(path)})
@@ -218,6 +237,7 @@ def load_task(name_or_path: str, split: str = 'train', labels=None):
         rows = [dict(r, label=str(r['label'])) for r in rows]
     return kind, rows, task
 
+# %% ../nbs/04a_tasks.ipynb #ffac83b0
 def encode_rows(kind, rows, tokenizer, task=None, max_len: int = 512) -> list[dict]:
     "Encoded examples of `rows`."
     if kind == 'classification': return [encode_classification(tokenizer, r['text'], r['label'], task, max_len) for r in rows]
@@ -238,32 +258,50 @@ class TaskStream:
         self.bs, self.pad, self.seq_len, self.packed = batch_size, pad_token_id, seq_len, pack_rows
         self.seed, self.finite, self.drop_last = seed, finite, drop_last
         self.epoch, self.index = 0, 0
-    def _order(self, epoch):
-        idx = list(range(len(self.items)))
-        if not self.finite: random.Random(f'{self.seed}:{epoch}').shuffle(idx)
-        return idx
-    def __iter__(self):
-        if self.finite: self.epoch, self.index = 0, 0
-        return self
-    def __next__(self):
-        order = self._order(self.epoch)
-        if self.index >= len(order) or (self.drop_last and self.index + self.bs > len(order)):
-            if self.finite: raise StopIteration
-            self.epoch, self.index = self.epoch + 1, 0
-            order = self._order(self.epoch)
-        take = [self.items[i] for i in order[self.index:self.index + self.bs]]
-        if not self.finite and len(take) < self.bs:    # training batches are always full: wrap into the next epoch
-            nxt = self._order(self.epoch + 1)
-            take += [self.items[i] for i in nxt[:self.bs - len(take)]]
-            self.epoch, self.index = self.epoch + 1, self.bs - (len(order) - self.index)
-        else: self.index += self.bs
-        return stack_rows(take) if self.packed else collate(take, self.pad, self.seq_len)
-    def __len__(self): return self.n_rows                  # examples (or packed rows) over all ranks: sets max_steps for epochs
-    @property
-    def n_batches(self) -> int: return math.ceil(len(self.items) / self.bs)   # batches of one pass on this rank
-    def state_dict(self): return {'epoch': self.epoch, 'index': self.index}
-    def load_state_dict(self, sd): self.epoch, self.index = int(sd['epoch']), int(sd['index'])
 
+# %% ../nbs/04a_tasks.ipynb #0ca92e1e
+@patch
+def _order(self: TaskStream, epoch):
+    "The order of this rank's items in `epoch`: shuffled with seed `{seed}:{epoch}` for training, as is when finite."
+    idx = list(range(len(self.items)))
+    if not self.finite: random.Random(f'{self.seed}:{epoch}').shuffle(idx)
+    return idx
+
+@patch
+def __iter__(self: TaskStream):
+    if self.finite: self.epoch, self.index = 0, 0
+    return self
+
+# %% ../nbs/04a_tasks.ipynb #863b53d4
+@patch
+def __next__(self: TaskStream):
+    order = self._order(self.epoch)
+    if self.index >= len(order) or (self.drop_last and self.index + self.bs > len(order)):
+        if self.finite: raise StopIteration
+        self.epoch, self.index = self.epoch + 1, 0
+        order = self._order(self.epoch)
+    take = [self.items[i] for i in order[self.index:self.index + self.bs]]
+    if not self.finite and len(take) < self.bs:    # training batches are always full: wrap into the next epoch
+        nxt = self._order(self.epoch + 1)
+        take += [self.items[i] for i in nxt[:self.bs - len(take)]]
+        self.epoch, self.index = self.epoch + 1, self.bs - (len(order) - self.index)
+    else: self.index += self.bs
+    return stack_rows(take) if self.packed else collate(take, self.pad, self.seq_len)
+
+# %% ../nbs/04a_tasks.ipynb #3608e7f9
+@patch
+def __len__(self: TaskStream): return self.n_rows                  # examples (or packed rows) over all ranks: sets max_steps for epochs
+
+@patch(as_prop=True)
+def n_batches(self: TaskStream) -> int: return math.ceil(len(self.items) / self.bs)   # batches of one pass on this rank
+
+@patch
+def state_dict(self: TaskStream): return {'epoch': self.epoch, 'index': self.index}
+
+@patch
+def load_state_dict(self: TaskStream, sd): self.epoch, self.index = int(sd['epoch']), int(sd['index'])
+
+# %% ../nbs/04a_tasks.ipynb #92cd0146
 def get_task_data(cfg, tokenizer, split: str = 'train', rank: int = 0, world_size: int = 1) -> TaskStream:
     "`TaskStream` for `cfg.data.task` (train: infinite, shuffled; val/test: one ordered pass)."
     if not cfg.data.task: raise TaskFormatError("data.task is empty: name a task (shakespeare_genre) or a JSONL file")
@@ -278,27 +316,26 @@ def mean_stderr(acc: float, n: int) -> float:
     "Standard error of an accuracy over `n` items: sample std / sqrt(n) = sqrt(acc(1-acc)/(n-1)) (as lm-evaluation-harness)."
     return math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else 0.
 
-@torch.no_grad()
-def label_logprobs(model, tokenizer, examples: list[dict], task: ClassificationTask, max_len: int = 512,
-                   batch_size: int = 8) -> torch.Tensor:
-    "`[N, n_labels]` summed log-probabilities of each label's tokens (no EOS) after each example's prompt."
+# %% ../nbs/04a_tasks.ipynb #4499aca4
+def _one_token_logprobs(model, tokenizer, examples: list[dict], task: ClassificationTask, cand: list[int],
+                        max_len: int, batch_size: int) -> torch.Tensor:
+    "`[N, n_labels]` log-probabilities of the one-token labels `cand` after each example's prompt."
+    dev = next(model.parameters()).device; cand = torch.tensor(cand, device=dev)
+    enc = [encode_classification(tokenizer, e['text'], task.labels[0], task, max_len, eos=False)['input_ids'][:-1] for e in examples]
+    last = 'logits_to_keep' in inspect.signature(model.forward).parameters
+    out = []
+    for s in range(0, len(enc), batch_size):
+        chunk = enc[s:s + batch_size]; n = max(map(len, chunk))
+        ids = torch.tensor([[tokenizer.pad_token_id] * (n - len(e)) + e for e in chunk], device=dev)
+        mask = torch.tensor([[0] * (n - len(e)) + [1] * len(e) for e in chunk], device=dev)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **({'logits_to_keep': 1} if last else {})).logits
+        out.append(logits[:, -1].float().log_softmax(-1)[:, cand].cpu())
+    return torch.cat(out)
+
+# %% ../nbs/04a_tasks.ipynb #819b1c02
+def _pair_logprobs(model, tokenizer, examples: list[dict], task: ClassificationTask, max_len: int, batch_size: int) -> torch.Tensor:
+    "`[N, n_labels]` summed log-probabilities of each label's tokens after each example's prompt, one row per pair."
     dev = next(model.parameters()).device
-    label_ids = [tokenizer(task.target(l), add_special_tokens=False).input_ids for l in task.labels]
-    if all(len(t) == 1 for t in label_ids):
-        # one-token labels: one forward per example, left-padded so that the position before the label is the last one
-        # in every row, and only that position goes through the LM head (a fifth of the compute and all of the logits'
-        # memory); RoPE scores depend on relative positions only, so left padding changes nothing else
-        cand = torch.tensor([t[0] for t in label_ids], device=dev)
-        enc = [encode_classification(tokenizer, e['text'], task.labels[0], task, max_len, eos=False)['input_ids'][:-1] for e in examples]
-        last = 'logits_to_keep' in inspect.signature(model.forward).parameters
-        out = []
-        for s in range(0, len(enc), batch_size):
-            chunk = enc[s:s + batch_size]; n = max(map(len, chunk))
-            ids = torch.tensor([[tokenizer.pad_token_id] * (n - len(e)) + e for e in chunk], device=dev)
-            mask = torch.tensor([[0] * (n - len(e)) + [1] * len(e) for e in chunk], device=dev)
-            logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **({'logits_to_keep': 1} if last else {})).logits
-            out.append(logits[:, -1].float().log_softmax(-1)[:, cand].cpu())
-        return torch.cat(out)
     enc = [encode_classification(tokenizer, e['text'], lab, task, max_len, eos=False)
            for e in examples for lab in task.labels]
     out = []
@@ -311,6 +348,16 @@ def label_logprobs(model, tokenizer, examples: list[dict], task: ClassificationT
         row = keep.nonzero()[:, 0]
         out.append(torch.zeros(len(tgt), device=lp.device).index_add_(0, row, lp).cpu())
     return torch.cat(out).view(len(examples), len(task.labels))
+
+# %% ../nbs/04a_tasks.ipynb #fb45a972
+@torch.no_grad()
+def label_logprobs(model, tokenizer, examples: list[dict], task: ClassificationTask, max_len: int = 512,
+                   batch_size: int = 8) -> torch.Tensor:
+    "`[N, n_labels]` summed log-probabilities of each label's tokens (no EOS) after each example's prompt."
+    label_ids = [tokenizer(task.target(l), add_special_tokens=False).input_ids for l in task.labels]
+    if all(len(t) == 1 for t in label_ids):
+        return _one_token_logprobs(model, tokenizer, examples, task, [t[0] for t in label_ids], max_len, batch_size)
+    return _pair_logprobs(model, tokenizer, examples, task, max_len, batch_size)
 
 # %% ../nbs/04a_tasks.ipynb #d86a198f
 CONTENT_FREE = ('N/A', '', '[MASK]')
@@ -327,11 +374,13 @@ def calibrate_logprobs(lp: torch.Tensor, logprior: torch.Tensor) -> torch.Tensor
 
 # %% ../nbs/04a_tasks.ipynb #9d52fa28
 def _scores(lp: torch.Tensor, gold: torch.Tensor, labels) -> dict:
+    "Accuracy, its standard error, the predictions and the confusion counts `{gold: {predicted: n}}` of scores `lp`."
     pred = lp.argmax(-1); n = len(gold); acc = (pred == gold).float().mean().item()
     conf = {g: {p: int(((gold == i) & (pred == j)).sum()) for j, p in enumerate(labels)} for i, g in enumerate(labels)}
     return dict(accuracy=acc, stderr=mean_stderr(acc, n), n=n, correct=int((pred == gold).sum()),
                 predictions=[labels[i] for i in pred.tolist()], confusion=conf)
 
+# %% ../nbs/04a_tasks.ipynb #de47fb2c
 def task_accuracy(model, tokenizer, examples: list[dict], task: ClassificationTask = GENRE_TASK, max_len: int = 512,
                   batch_size: int = 8, calibrate: bool = False) -> dict:
     "Accuracy (with standard error) of predicting each example's label by label-token log-likelihood."
