@@ -6,37 +6,28 @@
 from __future__ import annotations
 import os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
-from .errors import WFError
-from .config import WFConfig, get_config, fingerprint, git_info
+from .config import WFConfig, git_info
 from .gpus import parse_gpus, gpu_hour_price
 from .io import atomic_write_text, check_output, shorten
+from .registry import resolve_run, train_argv, train_config
+
+_all_ = ['train_argv']   # `wf_nb.registry.train_argv`: a launch runs the `wf train` arguments every other start uses
 
 # %% auto #0
-__all__ = ['SECRET_ENV', 'PASS_ENV', 'CKPT_MOUNT', 'MODAL_TEMPLATE', 'LAUNCH_MARK', 'INSTALL_HINT', 'LaunchError', 'train_argv',
-           'job_config', 'wf_source', 'job_name', 'skypilot_task', 'modal_app_source', 'launch_cost', 'launch']
+__all__ = ['SECRET_ENV', 'PASS_ENV', 'CKPT_MOUNT', 'job_config', 'MODAL_TEMPLATE', 'LAUNCH_MARK', 'INSTALL_HINT', 'LaunchError',
+           'wf_source', 'job_name', 'skypilot_task', 'modal_app_source', 'launch_cost', 'launch', 'train_argv']
 
-# %% ../nbs/10a_cloud.ipynb #9abb1659
-class LaunchError(WFError, RuntimeError):
+# %% ../nbs/10a_cloud.ipynb #a0def4f4
+class LaunchError(RuntimeError):
     "A launch that cannot be written or started; the message says what to install or change."
 
 SECRET_ENV = ('WANDB_API_KEY', 'HF_TOKEN')          # passed by name; values stay where they are
 PASS_ENV = ('WANDB_MODE', 'WANDB_PROJECT', 'WANDB_ENTITY')   # not secret: copied into the job's environment if set here
 CKPT_MOUNT = '/wf_ckpt'
 
-def train_argv(model=None, stage=None, overrides=(), scale=None) -> list[str]:
-    "The `wf train` arguments of a run, in a fixed order."
-    a = ['train']
-    if model: a += ['-m', model]
-    if stage: a += ['-s', str(stage)]
-    if scale: a += ['--scale', scale]
-    return a + list(overrides)
+job_config = train_config   # the config `wf train` runs with the launch's arguments: checked, and names the job, before anything starts
 
-def job_config(model=None, stage=None, overrides=(), scale=None) -> WFConfig:
-    "The config `wf train` runs with these arguments (to name the run and check the overrides before anything is launched)."
-    cfg = get_config(list(overrides), stage=stage or '1', model=model)
-    if scale: cfg.distributed.scale = scale
-    return cfg
-
+# %% ../nbs/10a_cloud.ipynb #e0ed894e
 def wf_source() -> Path | None:
     "The checkout wf_nb runs from (the folder holding settings.ini), which the job ships and installs; None for an installed package."
     import wf_nb
@@ -50,11 +41,9 @@ def _install(src) -> str:
 
 def job_name(cfg: WFConfig, commit: str) -> str:
     "A name for the job that clouds accept (lower case, digits, dashes): the run id this command resumes."
-    from wf_nb.registry import run_id_for
-    import re
-    return re.sub(r'[^a-z0-9-]+', '-', run_id_for(cfg, fingerprint(cfg, commit)).lower()).strip('-')[:60]
+    return re.sub(r'[^a-z0-9-]+', '-', resolve_run(cfg, commit=commit).id.lower()).strip('-')[:60]
 
-# %% ../nbs/10a_cloud.ipynb #f7b04b79
+# %% ../nbs/10a_cloud.ipynb #252ac9fa
 def _bucket_mount(overrides) -> tuple[list[str], dict]:
     "Point `training.checkpoint_uri=s3://bucket/prefix` at a MOUNT_CACHED mount of the bucket: (overrides, file_mounts)."
     out, mounts = [], {}
@@ -68,18 +57,20 @@ def _bucket_mount(overrides) -> tuple[list[str], dict]:
         out.append(o)
     return out, mounts
 
+def _sky_run(wf_cmd: str, num_nodes: int) -> str:
+    "The task's `run` script: the `wf` command, under `torchrun` on every node when there are several."
+    if num_nodes <= 1: return f'{wf_cmd}\n'
+    return ('MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)\n'
+            'torchrun --nnodes=$SKYPILOT_NUM_NODES --node_rank=$SKYPILOT_NODE_RANK '
+            '--nproc_per_node=$SKYPILOT_NUM_GPUS_PER_NODE --master_addr=$MASTER_ADDR --master_port=29500 '
+            f'--no-python {wf_cmd}\n')
+
+# %% ../nbs/10a_cloud.ipynb #5ab7a5b0
 def skypilot_task(argv, gpus='A100:1', num_nodes=1, spot=True, max_restarts=3, commit='', env=None, name=None, src='.') -> dict:
     "A SkyPilot task (a dict; YAML-ready) that runs `wf <argv>` on `num_nodes` machines with `gpus` each."
     env = os.environ if env is None else env
     kind, count = parse_gpus(gpus)
     argv, mounts = _bucket_mount(argv)
-    wf_cmd = shlex.join(['wf', *argv])
-    if num_nodes > 1:
-        run = ('MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)\n'
-               'torchrun --nnodes=$SKYPILOT_NUM_NODES --node_rank=$SKYPILOT_NODE_RANK '
-               '--nproc_per_node=$SKYPILOT_NUM_GPUS_PER_NODE --master_addr=$MASTER_ADDR --master_port=29500 '
-               f'--no-python {wf_cmd}\n')
-    else: run = f'{wf_cmd}\n'
     task = {'name': name or 'wf-train',
             'resources': {'accelerators': f'{kind}:{count}', 'use_spot': bool(spot),
                           'job_recovery': {'strategy': 'EAGER_NEXT_REGION', 'max_restarts_on_errors': int(max_restarts)}},
@@ -89,12 +80,12 @@ def skypilot_task(argv, gpus='A100:1', num_nodes=1, spot=True, max_restarts=3, c
                      **{k: env[k] for k in PASS_ENV if env.get(k)}},
             'secrets': {k: None for k in SECRET_ENV},   # values from `sky launch --secret NAME` (read from the local env)
             'setup': _install(src) + '\n',
-            'run': run}
+            'run': _sky_run(shlex.join(['wf', *argv]), num_nodes)}
     if mounts: task['file_mounts'] = mounts
     if not src: del task['workdir']
     return task
 
-# %% ../nbs/10a_cloud.ipynb #dd8f1a7a
+# %% ../nbs/10a_cloud.ipynb #bc40fcd9
 MODAL_TEMPLATE = '''"""Modal app for one wf_nb run (written by `wf launch --backend modal`). Run: modal run {file}"""
 import os, subprocess
 import modal
@@ -120,6 +111,7 @@ def main():
     train.remote()
 '''
 
+# %% ../nbs/10a_cloud.ipynb #ca1e553e
 def modal_app_source(argv, gpus='A100:1', name='wf-train', commit='', secrets=(), timeout_h=24, retries=3,
                      src=None, volume='wf-runs', file='modal_app.py') -> str:
     "The source of a Modal app module that runs `wf <argv>` on `gpus`, resuming on retries."
@@ -130,7 +122,7 @@ def modal_app_source(argv, gpus='A100:1', name='wf-train', commit='', secrets=()
                                  secrets=', '.join(f'modal.Secret.from_name({s!r})' for s in secrets),
                                  timeout=int(timeout_h * 3600), retries=int(retries), file=file)
 
-# %% ../nbs/10a_cloud.ipynb #1fe37aa8
+# %% ../nbs/10a_cloud.ipynb #bcb32566
 LAUNCH_MARK = 'wf_nb-output'   # in the header of every spec `wf launch` writes: `--overwrite` replaces such a file, no other
 
 def _check_launch_args(out: Path, secrets, max_restarts):
@@ -143,6 +135,7 @@ def _check_launch_args(out: Path, secrets, max_restarts):
     if isinstance(max_restarts, bool) or int(max_restarts) != max_restarts or max_restarts < 0:
         raise LaunchError(f"--max-restarts {max_restarts}: give a whole number, 0 or more")
 
+# %% ../nbs/10a_cloud.ipynb #849c27a1
 def _write_spec(backend, out: Path, argv, name, overwrite, **kw) -> tuple[Path, list]:
     "Write `backend`'s spec into `out` (an existing one only as `io.check_output` allows): (file, command that starts it)."
     head = f"{LAUNCH_MARK}: written by `wf launch --backend {backend}`; edit freely (`wf launch ... --overwrite` rewrites it)"
@@ -162,7 +155,7 @@ def _write_spec(backend, out: Path, argv, name, overwrite, **kw) -> tuple[Path, 
     if backend == 'local': f.chmod(0o755)
     return f, cmd
 
-# %% ../nbs/10a_cloud.ipynb #041379b7
+# %% ../nbs/10a_cloud.ipynb #165d22a7
 INSTALL_HINT = {'skypilot': "pip install 'skypilot[aws]' (or [gcp], [azure], [kubernetes], ...), then `sky check`",
                 'modal': "pip install modal, then `modal setup`"}
 
@@ -175,6 +168,17 @@ def launch_cost(gpus: str, num_nodes: int = 1, spot: bool = False) -> tuple[floa
     return total, (f"{what} {'spot' if spot else 'on-demand'}: ~${total:.2f}/hour (${per:.2f} per GPU-hour; WF_GPU_PRICES overrides)"
                    if per else f"{what}: no price for {kind} in the table; set one in a WF_GPU_PRICES file")
 
+# %% ../nbs/10a_cloud.ipynb #eca51858
+def _start(backend: str, cmd: list, f: Path) -> int:
+    "Run the backend's command that starts the job (`wf` itself for `local`); its exit code."
+    exe = shutil.which(cmd[0]) or (sys.executable if cmd[0] == 'wf' else None)
+    if exe is None:
+        raise LaunchError(f"the {backend} command line `{cmd[0]}` is not installed: {INSTALL_HINT[backend]}; "
+                          f"the spec is written ({f}), start it with: {shlex.join(cmd)}")
+    if cmd[0] == 'wf' and not shutil.which('wf'): cmd = [sys.executable, '-m', 'wf_nb.cli', *cmd[1:]]
+    return subprocess.run(cmd).returncode
+
+# %% ../nbs/10a_cloud.ipynb #f432b63b
 def launch(backend: str, model=None, stage=None, overrides=(), scale=None, gpus='A100:1', num_nodes=1, spot=True,
            out=None, dry_run=False, secrets=(), max_restarts=3, log=print, overwrite=False) -> dict:
     "Write the `backend` spec for `wf train` with these arguments and (unless `dry_run`) start it; `{'files', 'command', 'cost_per_hour', 'name'}`."
@@ -196,10 +200,5 @@ def launch(backend: str, model=None, stage=None, overrides=(), scale=None, gpus=
     res = {'files': [str(f)], 'command': cmd, 'cost_per_hour': rate, 'name': name}
     if dry_run:
         log(f"wf launch: dry run; start it with: {shlex.join(cmd)}"); return res
-    exe = shutil.which(cmd[0]) or (sys.executable if cmd[0] == 'wf' else None)
-    if exe is None:
-        raise LaunchError(f"the {backend} command line `{cmd[0]}` is not installed: {INSTALL_HINT[backend]}; "
-                          f"the spec is written ({f}), start it with: {shlex.join(cmd)}")
-    if cmd[0] == 'wf' and not shutil.which('wf'): cmd = [sys.executable, '-m', 'wf_nb.cli', *cmd[1:]]
-    res['returncode'] = subprocess.run(cmd).returncode
+    res['returncode'] = _start(backend, cmd, f)
     return res
