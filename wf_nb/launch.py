@@ -24,6 +24,7 @@ def _cuda_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception: return 0
 
+# %% ../nbs/06e_launch.ipynb #4187a348
 def num_processes(cfg: WFConfig, gpus: int | None = None, cpus: int | None = None) -> int:
     "Processes to launch for `cfg.distributed`: the profile (or `num_processes` > 1), capped by the devices present."
     d = cfg.distributed
@@ -84,6 +85,7 @@ def accelerate_config(cfg: WFConfig, n: int | None = None, gpus: int | None = No
     else: c['gpu_ids'] = 'all'
     return c
 
+# %% ../nbs/06e_launch.ipynb #0e3ad0f2
 def write_accelerate_config(cfg: WFConfig, path, **kw) -> Path:
     "Save `accelerate_config(cfg)` as YAML (for `accelerate launch --config_file`)."
     import yaml
@@ -108,6 +110,7 @@ def free_port() -> int:
     "A TCP port free on this machine right now (for the rendezvous)."
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
+# %% ../nbs/06e_launch.ipynb #d26c44f0
 def launch_command(cfg: WFConfig, argv, n: int | None = None, gpus: int | None = None, port: int | None = None,
                    nodes: dict | None = None) -> list[str]:
     "`accelerate launch ...` command (a list) that re-runs `wf <argv>` with the processes `cfg.distributed` asks for (`n` per node; `nodes`: `node_layout`)."
