@@ -27,6 +27,7 @@ def real_tokens(batch: dict):
     if am.dim() == 2: return am.bool()
     return batch['labels'] != IGNORE_INDEX   # pack_batch gives padding (and only padding) label -100 in LM batches
 
+# %% ../nbs/05_distill.ipynb #23992b42
 def _positions(logits, mask=None, labels=None):
     "Boolean `[B, S]` selection of logits positions from a `[B, S]` token `mask` or unshifted `labels`."
     B, S = logits.shape[:2]
@@ -40,6 +41,7 @@ def _positions(logits, mask=None, labels=None):
     if mask is None: return torch.ones(B, S, dtype=torch.bool, device=logits.device)
     return mask.bool()
 
+# %% ../nbs/05_distill.ipynb #5563c496
 @compilable
 def kl_sum(student, teacher, T: float = 1.0, keep=None):
     "`KL(softmax(teacher/T) || softmax(student/T))` of `[N, V]` logits in fp32, summed over the rows (those `keep` [N] marks)."
@@ -48,6 +50,7 @@ def kl_sum(student, teacher, T: float = 1.0, keep=None):
     if keep is None: return F.kl_div(ls, lt, log_target=True, reduction='sum')
     return torch.where(keep, F.kl_div(ls, lt, log_target=True, reduction='none').sum(-1), 0.).sum()
 
+# %% ../nbs/05_distill.ipynb #ccb47be5
 def kd_loss(student_logits, teacher_logits, mask=None, T: float = 1.0, labels=None):
     "`T^2 * KL(softmax(t/T) || softmax(s/T))` summed over the vocab, averaged over the selected positions."
     sel = _positions(student_logits, mask, labels)
@@ -64,6 +67,7 @@ def hidden_distance(a, b, keep):
     d = (F.normalize(a.float(), dim=-1) - F.normalize(b.detach().float(), dim=-1)).pow(2).sum(-1)   # [B, S]
     return (d * keep).sum()
 
+# %% ../nbs/05_distill.ipynb #20320f00
 def layerwise_loss(student_hidden, teacher_hidden, mask=None, skip_first: bool = True):
     "Sum over layers of the mean over real tokens of `||normalize(h_s) - normalize(h_t)||^2` summed over the hidden dim (= 2 - 2cos)."
     hs = list(student_hidden)[1 if skip_first else 0:]
@@ -85,6 +89,7 @@ def layerwise_weight_at(step: int, max_steps: int, w0: float = 1.0, schedule: st
     x = min(max(step, 0), max_steps) / max_steps
     return w0 * 0.5 * (1 + math.cos(math.pi * x))
 
+# %% ../nbs/05_distill.ipynb #71d8a400
 def pretrain_distill_loss(student_out, teacher_out, labels, mask=None, step: int = 0, max_steps: int = 1,
                           cfg: DistillConfig | None = None) -> dict:
     "Stage 1.9 / 2 loss `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise`, with every term (detached) for logging."
@@ -110,10 +115,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 _WRAPPED: dict[str, list] = {}   # attn implementation -> [previous local entry or None, refcount]
 
 def _eager_of(module):
+    "The eager attention function of `module`'s model family (Llama's when its module has none)."
     fn = getattr(sys.modules.get(type(module).__module__), 'eager_attention_forward', None)
     if fn is None: from transformers.models.llama.modeling_llama import eager_attention_forward as fn
     return fn
 
+# %% ../nbs/05_distill.ipynb #ded2fefa
 def _install(impl: str):
     if impl in _WRAPPED: _WRAPPED[impl][1] += 1; return
     prev_local = ALL_ATTENTION_FUNCTIONS._local_mapping.get(impl)
@@ -132,6 +139,7 @@ def _uninstall(impl: str):
     if ent[0] is None: ALL_ATTENTION_FUNCTIONS._local_mapping.pop(impl, None)
     else: ALL_ATTENTION_FUNCTIONS[impl] = ent[0]
 
+# %% ../nbs/05_distill.ipynb #f0045787
 def decoder_layers(model):
     "The `nn.ModuleList` of decoder layers of a transformers causal LM."
     inner = model.get_decoder() if hasattr(model, 'get_decoder') else getattr(model, 'model', model)
@@ -145,6 +153,7 @@ def layer_index(n_layers: int, layer: float) -> int:
     if float(layer) != int(layer): raise ValueError(f"distill.attn_layer={layer}: give a fraction in (0, 1) or an integer layer index")
     return int(layer)
 
+# %% ../nbs/05_distill.ipynb #d19c8b99
 def attention_module(model, layer: float):
     "The self-attention module of decoder layer `layer` (a `layer_index`: depth fraction, or index; negative counts from the end)."
     layers = decoder_layers(model)
@@ -185,6 +194,7 @@ def _relation_logp(x, R: int, keep, scale: str | float = 1.0):
     logits = logits.masked_fill(~keep[:, None, None, :], torch.finfo(logits.dtype).min)
     return F.log_softmax(logits, -1)
 
+# %% ../nbs/05_distill.ipynb #fecbb442
 def _states(qkv): return [qkv[k] for k in ('q', 'k', 'v')] if isinstance(qkv, dict) else list(qkv)
 
 def attention_relation_loss(s_qkv, t_qkv, mask=None, relation_heads: int = 32, scale: str | float = 1.0):
@@ -225,6 +235,7 @@ def stage3_loss(student_logits, teacher_logits, labels, attention_mask=None, s_q
                 kd_weighted=(lam * kd).detach(), attn_weighted=(gam * ad).detach(),
                 n_tokens=lm['n_tokens'], n_correct=lm['n_correct'])
 
+# %% ../nbs/05_distill.ipynb #705b6120
 def kd_midtrain_loss(student_logits, teacher_logits, labels=None, attention_mask=None,
                      alpha: float | None = None, T: float = 1.0, cfg: DistillConfig | None = None) -> dict:
     "MobileLLM-R1 KD mid-training: `alpha * KL_T` over real tokens, plus teacher top-1 agreement and student accuracy."
