@@ -20,6 +20,12 @@ def _cache_kw(model) -> str:
     "The name of the forward's cache argument (`cache` in transformers 5.24+, `past_key_values` before)."
     return 'cache' if 'cache' in inspect.signature(model.forward).parameters else 'past_key_values'
 
+def _pick(logits: torch.Tensor, greedy: bool, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    "The next token of each row of `logits` `[B, V]`: top-1 when `greedy`, else drawn from `softmax(logits / temperature)`."
+    if greedy: return logits.argmax(-1)
+    return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator).squeeze(1)
+
+# %% ../nbs/04d_synth.ipynb #039d2b3c
 @torch.inference_mode()
 def sample_batch(model, prompts: torch.Tensor, max_new: int, generator: torch.Generator, stop_ids=(), n_stops: int = 1,
                  greedy: int = 0, temperature: float = 1.0) -> list[list[int]]:
@@ -32,8 +38,7 @@ def sample_batch(model, prompts: torch.Tensor, max_new: int, generator: torch.Ge
     rows, left = torch.arange(B), torch.full((B,), int(n_stops))
     logits = model(input_ids=prompts, use_cache=True, logits_to_keep=1, **{kw: cache}).logits[:, -1].float()
     for t in range(max_new):
-        if t < greedy: nxt = logits.argmax(-1)
-        else: nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator).squeeze(1)
+        nxt = _pick(logits, t < greedy, temperature, generator)
         for r, v in zip(rows.tolist(), nxt.tolist()): out[r].append(v)
         left = left - torch.isin(nxt, stop).long()
         keep = left > 0
@@ -50,6 +55,7 @@ def first_token_ids(tokenizer) -> torch.Tensor:
     bad = set(tokenizer.all_special_ids) | set(tokenizer.get_added_vocab().values())
     return torch.tensor([i for i in range(len(tokenizer)) if i not in bad])
 
+# %% ../nbs/04d_synth.ipynb #87ab0b37
 def chat_prefix(tokenizer) -> list[int]:
     "Token ids of the chat template (with its default system prompt) up to where the user's message begins."
     if not getattr(tokenizer, 'chat_template', None): raise DataError("the teacher's tokenizer has no chat template: use --chat 0 (plain samples only)")
@@ -62,18 +68,23 @@ def _part_seed(seed: int, k: int) -> int: return int(np.random.SeedSequence([int
 
 def _is_chat(k: int, share: float) -> bool: return math.floor((k + 1) * share) > math.floor(k * share)
 
+# %% ../nbs/04d_synth.ipynb #34e316eb
+def _sample_part(model, tokenizer, k: int, s: dict, gen: torch.Generator, stops: list[int]) -> tuple:
+    "`(prompts [B, P], kind, new tokens per row)` of part `k` with settings `s`."
+    if _is_chat(k, s['chat']):
+        prompt = torch.tensor([chat_prefix(tokenizer)] * s['batch'])
+        end = tokenizer.convert_tokens_to_ids('<|im_end|>') if '<|im_end|>' in tokenizer.get_vocab() else tokenizer.eos_token_id
+        return prompt, 'chat', sample_batch(model, prompt, s['doc_tokens'], gen, [end], 2, 0, s['temperature'])   # the user's turn, then the answer
+    allowed = first_token_ids(tokenizer)
+    prompt = allowed[torch.randint(len(allowed), (s['batch'], 1), generator=gen)]
+    return prompt, 'plain', sample_batch(model, prompt, s['doc_tokens'], gen, stops, 1, s['greedy'], s['temperature'])
+
+# %% ../nbs/04d_synth.ipynb #16eb6735
 def generate_part(model, tokenizer, k: int, settings: dict) -> list[dict]:
     "The rows of part `k` (see `generate_corpus` for `settings`)."
-    s, gen = settings, torch.Generator().manual_seed(_part_seed(settings['seed'], k))
+    gen = torch.Generator().manual_seed(_part_seed(settings['seed'], k))
     stops = [i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids('<|endoftext|>')) if isinstance(i, int) and i >= 0]
-    if _is_chat(k, s['chat']):
-        prompt, kind = torch.tensor([chat_prefix(tokenizer)] * s['batch']), 'chat'
-        end = tokenizer.convert_tokens_to_ids('<|im_end|>') if '<|im_end|>' in tokenizer.get_vocab() else tokenizer.eos_token_id
-        new = sample_batch(model, prompt, s['doc_tokens'], gen, [end], 2, 0, s['temperature'])   # the user's turn, then the answer
-    else:
-        allowed = first_token_ids(tokenizer)
-        prompt, kind = allowed[torch.randint(len(allowed), (s['batch'], 1), generator=gen)], 'plain'
-        new = sample_batch(model, prompt, s['doc_tokens'], gen, stops, 1, s['greedy'], s['temperature'])
+    prompt, kind, new = _sample_part(model, tokenizer, k, settings, gen, stops)
     rows = []
     for i, (p, n) in enumerate(zip(prompt.tolist(), new)):
         if kind == 'plain' and n and n[-1] in stops: n = n[:-1]        # the pipeline puts its own EOS after a document
@@ -93,6 +104,7 @@ def _corpus_parts(out: Path) -> dict[int, int]:
         res[k] = sum(json.loads(l)['n_tokens'] for l in p.read_text().splitlines() if l.strip())
     return res
 
+# %% ../nbs/04d_synth.ipynb #eb8239d7
 def _check_corpus_dir(out: Path, settings: dict):
     "Refuse a folder that wf_nb did not write, or one generated with other settings."
     meta = out/'generate.json'
@@ -105,6 +117,21 @@ def _check_corpus_dir(out: Path, settings: dict):
                             f"to continue it, or choose another --out")
     if out.exists() and any(out.iterdir()):
         raise DataError(f"{out} exists and is not a wf_nb teacher corpus (no generate.json of ours); choose a new or empty --out folder")
+
+# %% ../nbs/04d_synth.ipynb #206521b3
+def _write_parts(out: Path, parts: dict[int, int], tokens: int, model, tokenizer, settings: dict, progress: bool):
+    "Add parts to `out` (and to `parts`, {index: tokens}) until they hold at least `tokens` tokens."
+    from tqdm.auto import tqdm
+    have = sum(parts.values())
+    bar = tqdm(total=tokens, initial=min(have, tokens), unit='tok', desc=f'teacher corpus {out.name}', disable=not progress)
+    k = 0
+    while have < tokens:
+        if k not in parts:
+            rows = generate_part(model, tokenizer, k, settings)
+            atomic_write_text(out/f'part_{k:05d}.jsonl', ''.join(json.dumps(r) + '\n' for r in rows))
+            parts[k] = sum(r['n_tokens'] for r in rows); have += parts[k]; bar.update(parts[k])
+        k += 1
+    bar.close()
 
 # %% ../nbs/04d_synth.ipynb #6f3acb78
 def generate_corpus(out, tokens: int, teacher='smollm2_135m', seed: int = 0, batch: int = 64, doc_tokens: int = 256,
@@ -123,8 +150,7 @@ def generate_corpus(out, tokens: int, teacher='smollm2_135m', seed: int = 0, bat
                     temperature=temperature, dtype=dtype)
     _check_corpus_dir(out, settings)
     parts = _corpus_parts(out) if out.exists() else {}
-    have = sum(parts.values())
-    if have < tokens:
+    if sum(parts.values()) < tokens:
         if model is None:
             from wf_nb.assets import load_fp_model
             from wf_nb.config import get_config
@@ -132,14 +158,5 @@ def generate_corpus(out, tokens: int, teacher='smollm2_135m', seed: int = 0, bat
         tokenizer = as_tokenizer(tokenizer if tokenizer is not None else teacher)
         model = model.to(getattr(torch, dtype)).eval()
         write_json(out/'generate.json', {'format': SYNTH_FORMAT, 'settings': settings, 'tokenizer': tokenizer_id(tokenizer)})
-        from tqdm.auto import tqdm
-        bar = tqdm(total=tokens, initial=min(have, tokens), unit='tok', desc=f'teacher corpus {out.name}', disable=not progress)
-        k = 0
-        while have < tokens:
-            if k not in parts:
-                rows = generate_part(model, tokenizer, k, settings)
-                atomic_write_text(out/f'part_{k:05d}.jsonl', ''.join(json.dumps(r) + '\n' for r in rows))
-                parts[k] = sum(r['n_tokens'] for r in rows); have += parts[k]; bar.update(parts[k])
-            k += 1
-        bar.close()
+        _write_parts(out, parts, tokens, model, tokenizer, settings, progress)
     return {'out': str(out), 'parts': len(parts), 'tokens': sum(parts.values()), 'settings': settings}
