@@ -7,14 +7,13 @@ from __future__ import annotations
 import json, math, os, statistics, time
 from pathlib import Path
 import torch
-from .errors import WFError
-from .config import get_config, fingerprint, git_info
+from .config import get_config, git_info
 from .io import shorten
-from .registry import Run, default_runs_dir, run_id_for, run_output, lineage_parent
+from .registry import Run, Status, completed_run, default_runs_dir, lineage_parent, read_metrics, run_output
 
 # %% auto #0
-__all__ = ['ABLATIONS', 'PROTOCOLS', 'STAGES_OF_ARM', 'T95', 'METRICS', 'arm_configs', 'ablated_keys', 'check_overrides',
-           'effective_config', 'check_arms_differ', 'run_arm', 'heldout_perplexity', 'metric_rows', 'final_losses',
+__all__ = ['ABLATIONS', 'PROTOCOLS', 'STAGES_OF_ARM', 'metric_rows', 'T95', 'METRICS', 'arm_configs', 'ablated_keys',
+           'check_overrides', 'effective_config', 'check_arms_differ', 'run_arm', 'heldout_perplexity', 'final_losses',
            'score_arm', 't95', 'paired_difference', 'verdict', 'summarize', 'AblationError', 'expected_run_id',
            'run_ablation']
 
@@ -35,6 +34,7 @@ PROTOCOLS = {   # protocol -> model per ablation, steps per stage, shared overri
 }
 STAGES_OF_ARM = ('1', '1.9', '2')
 
+# %% ../nbs/10b_ablate.ipynb #39fa4002
 def _pick(v, ablation):
     return v[ablation] if isinstance(v, dict) and ablation in v else v
 
@@ -70,6 +70,7 @@ def check_overrides(ablation: str, overrides=(), max_steps: int = 0):
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0:
         raise ValueError(f"--max-steps {max_steps!r}: give 0 (the protocol's steps) or a positive cap")
 
+# %% ../nbs/10b_ablate.ipynb #451fd43a
 def effective_config(ablation: str, arm: str, protocol: str = 'cpu', overrides=(), max_steps: int = 0) -> dict:
     "The values of the ablated keys that `arm`'s Stage-2 run trains with."
     model, ov = arm_configs(ablation, arm, 1, protocol, overrides, max_steps)['2']
@@ -86,28 +87,27 @@ def check_arms_differ(ablation: str, configs: dict):
         seen[key] = arm
 
 # %% ../nbs/10b_ablate.ipynb #c5991a38
-def _completed(cfg, runs_dir) -> Run | None:
-    run = Run(Path(runs_dir)/run_id_for(cfg, fingerprint(cfg, git_info()['commit'])))
-    return run if run.dir.exists() and run.status == 'COMPLETED' else None
+def _chain_stage(cfg, runs_dir, arm: str, log) -> dict:
+    "`{run_id, run_dir, output}` of `cfg`'s COMPLETED run, or of a run of it trained (or resumed) now (`arm`: 'ABLATION/ARM/seed S')."
+    from wf_nb.stages import run_stage
+    if (done := completed_run(cfg, runs_dir)) is not None:
+        log(f"{arm}: stage {cfg.stage} already completed ({done.id})")
+        return {'run_id': done.id, 'run_dir': str(done.dir), 'output': str(run_output(done))}
+    log(f"{arm}: stage {cfg.stage}")
+    r = run_stage(cfg, runs_dir, log=log)
+    if r['status'] != Status.COMPLETED: raise RuntimeError(f"stage {cfg.stage} of {arm} ended {r['status']} (run {r['run_id']}); rerun to resume it")
+    return {k: r[k] for k in ('run_id', 'run_dir', 'output')}
 
+# %% ../nbs/10b_ablate.ipynb #f525d823
 def run_arm(ablation: str, arm: str, seed: int, protocol: str = 'cpu', overrides=(), max_steps: int = 0,
             runs_dir=None, log=print) -> dict:
     "Stages 1 -> 1.9 -> 2 of one arm and seed, each a fingerprinted run; returns `{stage: {run_id, run_dir, output}}`."
-    from wf_nb.stages import run_stage
     runs_dir = Path(runs_dir or default_runs_dir()).resolve()
     chain, parent = {}, None
     for st, (model, ov) in arm_configs(ablation, arm, seed, protocol, overrides, max_steps).items():
         cfg = get_config(ov + ([f'training.checkpoint_path={parent}'] if parent else []), stage=st, model=model)
-        done = _completed(cfg, runs_dir)
-        if done is not None:
-            log(f"{ablation}/{arm}/seed {seed}: stage {st} already completed ({done.id})")
-            res = {'run_id': done.id, 'run_dir': str(done.dir), 'output': str(run_output(done))}
-        else:
-            log(f"{ablation}/{arm}/seed {seed}: stage {st}")
-            r = run_stage(cfg, runs_dir, log=log)
-            if r['status'] != 'COMPLETED': raise RuntimeError(f"stage {st} of {ablation}/{arm}/seed {seed} ended {r['status']} (run {r['run_id']}); rerun to resume it")
-            res = {k: r[k] for k in ('run_id', 'run_dir', 'output')}
-        chain[st], parent = res, res['output']
+        chain[st] = _chain_stage(cfg, runs_dir, f"{ablation}/{arm}/seed {seed}", log)
+        parent = chain[st]['output']
     return chain
 
 # %% ../nbs/10b_ablate.ipynb #41d8494d
@@ -131,14 +131,8 @@ def heldout_perplexity(model, cfg, tokenizer, max_tokens: int = 16_384) -> dict:
     if n == 0: raise ValueError(f"no held-out tokens for {cfg.data.source}: raise data.val_fraction")
     return {'perplexity': math.exp(nll / n), 'nll': nll / n, 'n_tokens': n}
 
-def metric_rows(run_dir) -> list[dict]:
-    "The parsed lines of a run's `metrics.jsonl` (a line cut by a crash is skipped)."
-    p, out = Path(run_dir)/'metrics.jsonl', []
-    if not p.exists(): return out
-    for l in p.read_text().splitlines():
-        try: out.append(json.loads(l))
-        except json.JSONDecodeError: pass
-    return out
+# %% ../nbs/10b_ablate.ipynb #af9a60e0
+metric_rows = read_metrics   # the parsed records of a run's `metrics.jsonl` (a run folder, a `Run` or the file)
 
 def final_losses(rows) -> dict:
     "Final train loss (mean of the last 10% of logged steps, at least one) and the last validation loss."
@@ -147,6 +141,20 @@ def final_losses(rows) -> dict:
     return {'train_loss': sum(tr[-k:]) / k if tr else None, 'val_loss': va[-1] if va else None}
 
 # %% ../nbs/10b_ablate.ipynb #de94243f
+def _score_export(res: dict, s2: dict, cfg, tok, dev, eval_tokens: int, log=print):
+    "Export the Stage-2 model (`hf-bitnet`, or `wf-packed` where it cannot be) and add the packed model's held-out perplexity to `res`."
+    import warnings
+    from wf_nb.export import export_model, load_packed, is_packed_dir
+    out = Path(s2['run_dir'])/'export'
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        rep = export_model(s2['output'], 'hf-bitnet', out=out, dtype='fp32') if not is_packed_dir(out) else json.loads((out/'wf_packed.json').read_text())
+    res['export_format'] = rep['format']
+    res['export_note'] = '; '.join(str(x.message) for x in w)
+    res['packed_ppl'] = heldout_perplexity(load_packed(out).to(dev), cfg, tok, eval_tokens)['perplexity']
+    log(f"export: {res['export_format']} ({out}); packed held-out perplexity {res['packed_ppl']:.4g}")
+
+# %% ../nbs/10b_ablate.ipynb #1796a105
 def score_arm(chain: dict, ablation: str, arm: str, seed: int, protocol: str = 'cpu', overrides=(), max_steps: int = 0,
               export: bool = True, log=print) -> dict:
     "The result record of one arm and seed: held-out perplexity (trained and, with `export`, packed), final losses, curves."
@@ -162,19 +170,9 @@ def score_arm(chain: dict, ablation: str, arm: str, seed: int, protocol: str = '
     dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     res['heldout'] = heldout_perplexity(load(s2['output']).to(dev), cfg, tok, eval_tokens)
     res['heldout_ppl'] = res['heldout']['perplexity']
-    res.update(final_losses(metric_rows(s2['run_dir'])))
-    res['curves'] = {st: [(r['step'], r['loss']) for r in metric_rows(chain[st]['run_dir']) if 'loss' in r] for st in ('1.9', '2')}
-    if export:
-        import warnings
-        from wf_nb.export import export_model, load_packed, is_packed_dir
-        out = Path(s2['run_dir'])/'export'
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter('always')
-            rep = export_model(s2['output'], 'hf-bitnet', out=out, dtype='fp32') if not is_packed_dir(out) else json.loads((out/'wf_packed.json').read_text())
-        res['export_format'] = rep['format']
-        res['export_note'] = '; '.join(str(x.message) for x in w)
-        res['packed_ppl'] = heldout_perplexity(load_packed(out).to(dev), cfg, tok, eval_tokens)['perplexity']
-        log(f"export: {res['export_format']} ({out}); packed held-out perplexity {res['packed_ppl']:.4g}")
+    res.update(final_losses(read_metrics(s2['run_dir'])))
+    res['curves'] = {st: [(r['step'], r['loss']) for r in read_metrics(chain[st]['run_dir'], has='loss')] for st in ('1.9', '2')}
+    if export: _score_export(res, s2, cfg, tok, dev, eval_tokens, log)
     log(f"{ablation}/{arm}/seed {seed}: held-out perplexity {res['heldout_ppl']:.4g}, train loss {res['train_loss']}, val loss {res['val_loss']}")
     return res
 
@@ -188,6 +186,7 @@ def t95(df: int) -> float:
     if df > 30: return 1.96
     return T95[max(k for k in T95 if k <= df)]
 
+# %% ../nbs/10b_ablate.ipynb #26989eb6
 def paired_difference(base: dict, arm: dict) -> dict:
     "Mean, standard error and 95% CI of `arm[s] - base[s]` over the seeds both have."
     seeds = sorted(set(base) & set(arm))
@@ -199,6 +198,7 @@ def paired_difference(base: dict, arm: dict) -> dict:
     rel = mean / (sum(base[s] for s in seeds) / n) if n else math.nan
     return dict(n=n, seeds=seeds, diffs=d, mean=mean, se=se, lo=mean - h, hi=mean + h, rel=rel)
 
+# %% ../nbs/10b_ablate.ipynb #7e3d8266
 def verdict(diff: dict, metric: str = 'held-out perplexity', arm: str = 'the arm') -> str:
     "One sentence from the numbers: improved / no significant difference / worse (lower is better)."
     n, m, se, rel = diff['n'], diff['mean'], diff['se'], diff['rel']
@@ -212,6 +212,16 @@ def verdict(diff: dict, metric: str = 'held-out perplexity', arm: str = 'the arm
 # %% ../nbs/10b_ablate.ipynb #8b13cde9
 METRICS = (('heldout_ppl', 'held-out perplexity'), ('train_loss', 'final train loss'), ('val_loss', 'final val loss'))
 
+def _mean_std_table(by: dict) -> dict:
+    "`{(arm, metric): (mean, std, n)}` over the seeds of each arm (`by`: `{arm: {seed: result}}`)."
+    table = {}
+    for a, runs in by.items():
+        for k, _ in METRICS:
+            v = [r[k] for r in runs.values() if r.get(k) is not None]
+            table[(a, k)] = (sum(v) / len(v) if v else math.nan, statistics.stdev(v) if len(v) > 1 else math.nan, len(v))
+    return table
+
+# %% ../nbs/10b_ablate.ipynb #134870ed
 def summarize(results: list[dict]) -> dict:
     "Per-arm mean/std of each metric and the paired difference of every non-baseline arm to the baseline."
     arms = list(dict.fromkeys(r['arm'] for r in results))
@@ -219,21 +229,16 @@ def summarize(results: list[dict]) -> dict:
     by = {a: {r['seed']: r for r in results if r['arm'] == a} for a in arms}
     effective = {a: next((r['effective'] for r in by[a].values() if 'effective' in r), None) for a in arms}
     if all(v is not None for v in effective.values()): check_arms_differ(abl, effective)
-    table = {}
-    for a in arms:
-        for k, _ in METRICS:
-            v = [r[k] for r in by[a].values() if r.get(k) is not None]
-            table[(a, k)] = (sum(v) / len(v) if v else math.nan, statistics.stdev(v) if len(v) > 1 else math.nan, len(v))
     diffs = {(a, k): paired_difference({s: r[k] for s, r in by[base].items() if r.get(k) is not None},
                                         {s: r[k] for s, r in by[a].items() if r.get(k) is not None})
              for a in arms if a != base for k, _ in METRICS}
-    return dict(ablation=abl, baseline=base, arms=arms, table=table, diffs=diffs, effective=effective,
+    return dict(ablation=abl, baseline=base, arms=arms, table=_mean_std_table(by), diffs=diffs, effective=effective,
                 verdicts={a: verdict(diffs[(a, 'heldout_ppl')], 'held-out perplexity', a) for a in arms if a != base})
 
 # %% ../nbs/10b_ablate.ipynb #5f0e8928
 def _repo_root() -> Path: return Path(__file__).resolve().parent.parent
 
-class AblationError(WFError, RuntimeError):
+class AblationError(RuntimeError):
     "An arm's or the report's notebook failed; the message names the notebook to read, and a rerun resumes."
 
 def _execute(pm, src, dst, what, **kw):
@@ -242,6 +247,7 @@ def _execute(pm, src, dst, what, **kw):
         raise AblationError(f"{what} failed: {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''} "
                             f"(the executed notebook {dst} shows where); rerun the same command to resume") from e
 
+# %% ../nbs/10b_ablate.ipynb #8488c5c0
 def _pm():
     try:
         import papermill
@@ -250,6 +256,7 @@ def _pm():
         raise RuntimeError("wf ablate runs notebooks with papermill: pip install papermill ipykernel "
                            "(and `python -m ipykernel install --user` for a python3 kernel)") from e
 
+# %% ../nbs/10b_ablate.ipynb #7df32a6b
 def _arm_result_ok(path: Path, chain_id: str | None) -> bool:
     try: r = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError): return False
@@ -259,10 +266,24 @@ def expected_run_id(ablation, arm, seed, protocol, overrides=(), max_steps=0, ru
     "The Stage-2 run id of an arm if its whole chain already COMPLETED at this commit, else None."
     runs_dir, parent = Path(runs_dir or default_runs_dir()).resolve(), None
     for st, (model, ov) in arm_configs(ablation, arm, seed, protocol, overrides, max_steps).items():
-        run = _completed(get_config(ov + ([f'training.checkpoint_path={parent}'] if parent else []), stage=st, model=model), runs_dir)
+        run = completed_run(get_config(ov + ([f'training.checkpoint_path={parent}'] if parent else []), stage=st, model=model), runs_dir)
         if run is None: return None
         parent = str(run_output(run))
     return run.id
+
+# %% ../nbs/10b_ablate.ipynb #eecf0189
+def _arm_notebook(pm, root: Path, work: Path, ablation, arm, seed, protocol, overrides, max_steps, runs_dir, export, log) -> Path:
+    "Execute `ablation_arm.ipynb` for one arm and seed unless its result is current; the result JSON's path."
+    res = work/f'{arm}-seed{seed}.json'
+    if _arm_result_ok(res, expected_run_id(ablation, arm, seed, protocol, overrides, max_steps, runs_dir)):
+        log(f"{ablation}/{arm}/seed {seed}: done ({res})"); return res
+    log(f"{ablation}/{arm}/seed {seed}: running {root/'ablation_arm.ipynb'} -> {work/f'{arm}-seed{seed}.ipynb'}")
+    t0 = time.time()
+    _execute(pm, root/'ablation_arm.ipynb', work/f'{arm}-seed{seed}.ipynb', f"{ablation}/{arm}/seed {seed}", cwd=os.getcwd(),   # the caller's git checkout: the same commit in the fingerprint
+             parameters=dict(ablation=ablation, arm=arm, seed=seed, protocol=protocol, overrides=list(overrides),
+                             max_steps=int(max_steps), runs_dir=str(runs_dir), result=str(res), export=bool(export)))
+    log(f"{ablation}/{arm}/seed {seed}: {time.time() - t0:.0f}s")
+    return res
 
 # %% ../nbs/10b_ablate.ipynb #e38319c1
 def run_ablation(ablation: str, seeds: int = 3, protocol: str = 'cpu', overrides=(), max_steps: int = 0, runs_dir=None,
@@ -278,16 +299,7 @@ def run_ablation(ablation: str, seeds: int = 3, protocol: str = 'cpu', overrides
     results = []
     for seed in range(1, seeds + 1):
         for arm in ABLATIONS[ablation]:
-            res = work/f'{arm}-seed{seed}.json'
-            if _arm_result_ok(res, expected_run_id(ablation, arm, seed, protocol, overrides, max_steps, runs_dir)):
-                log(f"{ablation}/{arm}/seed {seed}: done ({res})")
-            else:
-                log(f"{ablation}/{arm}/seed {seed}: running {root/'ablation_arm.ipynb'} -> {work/f'{arm}-seed{seed}.ipynb'}")
-                t0 = time.time()
-                _execute(pm, root/'ablation_arm.ipynb', work/f'{arm}-seed{seed}.ipynb', f"{ablation}/{arm}/seed {seed}", cwd=os.getcwd(),   # the caller's git checkout: the same commit in the fingerprint
-                         parameters=dict(ablation=ablation, arm=arm, seed=seed, protocol=protocol, overrides=list(overrides),
-                                         max_steps=int(max_steps), runs_dir=str(runs_dir), result=str(res), export=bool(export)))
-                log(f"{ablation}/{arm}/seed {seed}: {time.time() - t0:.0f}s")
+            res = _arm_notebook(pm, root, work, ablation, arm, seed, protocol, overrides, max_steps, runs_dir, export, log)
             results.append(str(res))
     cmd = command or f"wf ablate {ablation} --seeds {seeds} --protocol {protocol}"
     (rep/'command.txt').write_text(cmd + '\n')
