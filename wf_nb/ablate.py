@@ -7,6 +7,7 @@ from __future__ import annotations
 import json, math, os, statistics, time
 from pathlib import Path
 import torch
+from .errors import WFError
 from .config import get_config, git_info
 from .io import shorten
 from .registry import Run, Status, completed_run, default_runs_dir, lineage_parent, read_metrics, run_output
@@ -238,7 +239,7 @@ def summarize(results: list[dict]) -> dict:
 # %% ../nbs/10b_ablate.ipynb #5f0e8928
 def _repo_root() -> Path: return Path(__file__).resolve().parent.parent
 
-class AblationError(RuntimeError):
+class AblationError(WFError, RuntimeError):
     "An arm's or the report's notebook failed; the message names the notebook to read, and a rerun resumes."
 
 def _execute(pm, src, dst, what, **kw):

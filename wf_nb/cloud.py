@@ -6,6 +6,7 @@
 from __future__ import annotations
 import os, re, shlex, shutil, subprocess, sys
 from pathlib import Path
+from .errors import WFError
 from .config import WFConfig, git_info
 from .gpus import parse_gpus, gpu_hour_price
 from .io import atomic_write_text, check_output, shorten
@@ -18,7 +19,7 @@ __all__ = ['SECRET_ENV', 'PASS_ENV', 'CKPT_MOUNT', 'job_config', 'MODAL_TEMPLATE
            'wf_source', 'job_name', 'skypilot_task', 'modal_app_source', 'launch_cost', 'launch', 'train_argv']
 
 # %% ../nbs/10a_cloud.ipynb #a0def4f4
-class LaunchError(RuntimeError):
+class LaunchError(WFError, RuntimeError):
     "A launch that cannot be written or started; the message says what to install or change."
 
 SECRET_ENV = ('WANDB_API_KEY', 'HF_TOKEN')          # passed by name; values stay where they are

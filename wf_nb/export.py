@@ -9,6 +9,7 @@ from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
+from .errors import WFError
 from .kernels import PackedBitLinear, act_codes
 from .quant import BitLinear, unpack_ternary
 from .io import atomic_dir, atomic_file, check_output, mark_output, OutputError
@@ -20,7 +21,7 @@ __all__ = ['SKIP', 'HF_QUANT_CONFIG', 'PACKED_JSON', 'DTYPES', 'FORMATS', 'GGUF_
            'format_size_report', 'export_model']
 
 # %% ../nbs/03a_export.ipynb #87c93af5
-class ExportError(ValueError):
+class ExportError(WFError, ValueError):
     "A model or directory that cannot be exported/loaded as asked; the message says why and what to do."
 
 SKIP = ('lm_head',)

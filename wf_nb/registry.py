@@ -8,6 +8,7 @@ import datetime as dt, enum, fcntl, json, os, re, shutil, signal, socket, sys, t
 from dataclasses import dataclass
 from fastcore.basics import patch
 from pathlib import Path
+from .errors import RunConflict
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
 from .io import atomic_dir, atomic_write_text, set_aside, sha256_files, shorten
 
@@ -63,10 +64,10 @@ def pid_alive(pid) -> bool:
     return True
 
 # %% ../nbs/06a_registry.ipynb #0dcd3e5b
-class RunExistsError(RuntimeError):
+class RunExistsError(RunConflict, RuntimeError):
     "The run is finished or already running; the message says how to start another."
     def __init__(self, msg, run=None, status=None):
-        super().__init__(msg); self.run, self.status = run, status
+        super().__init__(msg); self.run, self.status, self.done = run, status, status == Status.COMPLETED
 
 class RunLockedError(RunExistsError):
     "Another live process holds the run's lock (it is training that run now)."
