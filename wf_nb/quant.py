@@ -4,8 +4,9 @@
 
 # %% ../nbs/01_quant.ipynb #8d54a39c
 from __future__ import annotations
-import math, os, weakref
+import math, os, threading, weakref
 from contextlib import contextmanager
+from fastcore.basics import patch
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -13,10 +14,10 @@ import torch.nn.functional as F
 # %% auto #0
 __all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'CompiledOrEager', 'weight_quant_compiled',
            'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes',
-           'register_int_rescale', 'register_fake_quant', 'weight_codes', 'cached_weight_codes', 'shared_act_codes',
-           'norm_act_codes', 'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN',
-           'fuse_subln', 'FusedInputNorm', 'fuse_input_norm', 'traced_forward', 'bitlinears', 'set_lambda',
-           'weight_codes_per_step', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary',
+           'register_int_rescale', 'register_fake_quant', 'weight_codes', 'watch_optimizer', 'cached_weight_codes',
+           'shared_act_codes', 'norm_act_codes', 'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm',
+           'BitLinear', 'FusedSubLN', 'fuse_subln', 'FusedInputNorm', 'fuse_input_norm', 'traced_forward', 'bitlinears',
+           'set_lambda', 'weight_codes_per_step', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary',
            'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
@@ -26,6 +27,7 @@ def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, 
     s = 1.0 / wf.abs().mean().clamp(min=eps)
     return (wf * s).round().clamp(-1, 1).to(torch.int8), s
 
+# %% ../nbs/01_quant.ipynb #964e13ec
 def act_quant_int(x: torch.Tensor, bits: int = 8, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     "Per-token absmax codes (int8 for bits<=8) and scales `s = Qp/max|x|` (shape `[..., 1]`) with `x ~ codes/s`."
     qn, qp = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
@@ -33,6 +35,7 @@ def act_quant_int(x: torch.Tensor, bits: int = 8, eps: float = 1e-5) -> tuple[to
     s = qp / xf.abs().amax(dim=-1, keepdim=True).clamp(min=eps)
     return (xf * s).round().clamp(qn, qp).to(torch.int8 if bits <= 8 else torch.int32), s
 
+# %% ../nbs/01_quant.ipynb #41167e61
 def weight_quant(w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     "Fake-quantized (dequantized) ternary weight, in `w`'s dtype."
     wf = w.float()
@@ -55,6 +58,7 @@ def _wq_transformers(weight):
     weight = (weight * scale).round().clamp(-1, 1) / scale
     return weight.to(dtype)
 
+# %% ../nbs/01_quant.ipynb #70d2debc
 class CompiledOrEager:
     "Calls `fn` under `torch.compile` (compiled at the first call; off with WF_NB_COMPILE_QUANT=0), else `eager`."
     def __init__(self, fn, eager, **compile_kw): self.fn, self.eager, self.kw, self.compiled = fn, eager, compile_kw, None
@@ -70,6 +74,7 @@ class CompiledOrEager:
                 self.compiled = False
         return self.eager(t, *args)
 
+# %% ../nbs/01_quant.ipynb #5939caf8
 _WQ = CompiledOrEager(_wq_transformers, weight_quant)
 
 def weight_quant_compiled(w: torch.Tensor) -> torch.Tensor:
@@ -105,6 +110,7 @@ def haar_width(n: int, levels: int | None = None) -> int:
         a += a % 2; out += a // 2; a //= 2; lv += 1
     return out + a
 
+# %% ../nbs/01_quant.ipynb #6cf402c2
 def haar_transform(x: torch.Tensor, levels: int | None = None) -> torch.Tensor:
     "Orthonormal Haar transform along the last dim (zero-padding odd widths at each level)."
     r2 = 1 / math.sqrt(2)
@@ -116,10 +122,6 @@ def haar_transform(x: torch.Tensor, levels: int | None = None) -> torch.Tensor:
     return torch.cat([a] + details[::-1], dim=-1)
 
 # %% ../nbs/01_quant.ipynb #46790282
-_OPT_STEPS = [0]   # bumped after every optimizer step: fused optimizers update weights without bumping `_version`
-from torch.optim.optimizer import register_optimizer_step_post_hook
-register_optimizer_step_post_hook(lambda opt, args, kwargs: _OPT_STEPS.__setitem__(0, _OPT_STEPS[0] + 1))
-
 def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     "`a [M,K] int8 @ b [N,K].T` -> int32 `[M,N]` (into `out` if given, unless padded), exact (`torch._int_mm`; on CUDA padded to its shape rules)."
     if a.shape[0] == 0: return a.new_zeros((0, b.shape[0]), dtype=torch.int32)
@@ -129,6 +131,7 @@ def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
         if pm or pk or pn: return torch._int_mm(F.pad(a, (0, pk, 0, pm)), F.pad(b, (0, pk, 0, pn)).t())[:m, :n]
     return torch._int_mm(a, b.t(), out=out)
 
+# %% ../nbs/01_quant.ipynb #198e32d7
 _ACT_CODES = {}   # device type -> fused per-token int8 quantizer `x [M,K] -> (codes, scales [M,1])`
 
 def register_act_codes(device_type: str, fn):
@@ -147,7 +150,7 @@ def register_fake_quant(device_type: str, weight_fn, act_fn):
     "Use `weight_fn`/`act_fn` for BitLinear's fake-quant forward (8-bit activations) on `device_type` (wf_nb.kernels on CUDA)."
     _FAKE_QUANT[device_type] = (weight_fn, act_fn)
 
-import threading
+# %% ../nbs/01_quant.ipynb #be04b336
 _SCRATCH = threading.local()   # per thread: (device, dtype) -> a flat buffer for intermediate values (quantizers, int32 sums)
 
 def _scratch(shape, device, dtype=torch.float32) -> torch.Tensor:
@@ -170,10 +173,52 @@ def weight_codes(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torc
     "`weight_quant_int(w)` compiled (two reads of `w`): the scale equal up to its last bit, so the codes except at a rounding boundary."
     return _WEIGHT_Q(w, eps)
 
+# %% ../nbs/01_quant.ipynb #5948b065
+class _GradClock:
+    "Of one parameter: how many gradients were accumulated into it (it is its post-accumulate-grad hook) and the watched optimizer stepping it."
+    def __init__(self): self.count, self.hooked, self.watcher = 0, False, None
+    def __call__(self, p): self.count += 1
+    def __getstate__(self): return {'count': 0, 'hooked': False, 'watcher': None}   # a saved copy has neither hook nor optimizer
+
+def _clock(p: torch.Tensor) -> _GradClock:
+    "`p`'s `_GradClock`, kept in its `__dict__` (a deep copy of the parameter starts a new one)."
+    c = p.__dict__.get('_wf_clock')
+    if c is None: c = p._wf_clock = _GradClock()
+    return c
+
+# %% ../nbs/01_quant.ipynb #f4d01553
+def _weight_state(p: torch.Tensor) -> tuple:
+    "What changes when parameter `p` may have: its version counter and, unless a live watched optimizer steps it, its gradient count."
+    c = _clock(p)
+    if c.watcher is not None and c.watcher() is not None: return p._version, None
+    if not c.hooked and p.requires_grad and p.is_leaf:
+        p.register_post_accumulate_grad_hook(c); c.hooked = True
+    return p._version, c.count
+
+# %% ../nbs/01_quant.ipynb #5e2e38de
+def _vouch(opt) -> list:
+    "Record `opt` (weakly) as the watched optimizer of every parameter it holds; returns them."
+    ref, ps = weakref.ref(opt), [p for g in opt.param_groups for p in g['params']]
+    for p in ps: _clock(p).watcher = ref
+    return ps
+
+def _announce_step(opt, args, kwargs):
+    "`watch_optimizer`'s step post-hook: bump the version counter of every parameter `opt` holds."
+    torch.autograd.graph.increment_version(_vouch(opt))
+
+def watch_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    "Have `opt` announce its steps to the cached weight codes (a step post-hook on `opt`); idempotent, returns `opt`."
+    if not getattr(opt, '_wf_watched', False):
+        opt.register_step_post_hook(_announce_step)
+        opt._wf_watched = True
+    _vouch(opt)
+    return opt
+
+# %% ../nbs/01_quant.ipynb #146dd524
 def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    "`weight_codes(mod.weight)`, computed once per optimizer step (cached on `mod`, keyed by storage, version, step)."
+    "`weight_codes(mod.weight)`, computed once per weight value (cached on `mod`, keyed by storage and `_weight_state`)."
     w = mod.weight
-    key = (w.data_ptr(), w._version, _OPT_STEPS[0], w.device, w.dtype)
+    key = (w.data_ptr(), *_weight_state(w), w.device, w.dtype)
     hit = getattr(mod, '_wq_cache', None)
     if hit is not None and hit[0] == key and not (hit[1].is_inference() and not torch.is_inference_mode_enabled()):
         return hit[1], hit[2]
@@ -189,41 +234,45 @@ def _act_codes_(xf: torch.Tensor, bits: int, eps: float = 1e-5) -> tuple[torch.T
     s = qp / torch.maximum(hi, lo.neg_()).clamp_(min=eps)
     return xf.mul_(s).round_().clamp_(qn, qp).to(torch.int8 if bits <= 8 else torch.int32), s
 
+# %% ../nbs/01_quant.ipynb #eaeb2304
 def _act_codes_eager(x2: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _act_codes_(_scratch(x2.shape, x2.device).copy_(x2), bits)
 
 # one read of x2, one int8 write (eager: a copy and six passes over fp32); the same codes and scales bit for bit
 _ACT_Q = CompiledOrEager(act_quant_int, _act_codes_eager, dynamic=True)
 
+# %% ../nbs/01_quant.ipynb #dd61f722
 def _fused_act_codes(device_type: str, act_bits: int):
     "The registered fused quantizer for `device_type` (8-bit codes only; off with `BitLinear.use_triton = False`), or None."
     return _ACT_CODES.get(device_type) if act_bits == 8 and BitLinear.use_triton else None
 
-def _act_codes(x2: torch.Tensor, act_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _act_codes(x2: torch.Tensor, act_bits: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     fused = _fused_act_codes(x2.device.type, act_bits)
     if fused is not None: return fused(x2)
-    return _act_codes_eager(x2, act_bits) if _EXACT[0] else _ACT_Q(x2, act_bits)
+    return _act_codes_eager(x2, act_bits) if exact else _ACT_Q(x2, act_bits)
 
+# %% ../nbs/01_quant.ipynb #0eaec9e6
 _ACT_MEMO = [None]   # (input tensor, its state, codes, scales) of the last plain integer forward
-_EXACT = [False]     # True inside a forward without autograd (`int_linear`): the eager quantizers, bit for bit transformers' and PackedBitLinear's
 
 @torch.no_grad()
-def shared_act_codes(x: torch.Tensor, act_bits: int = 8, norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_act_codes(x: torch.Tensor, act_bits: int = 8, norm: nn.Module | None = None, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     "`act_quant_int` of `x [..., K]` (of `norm(x)` if given) as `[M,K]` codes and `[M,1]` scales, reused while the same unchanged tensor comes back."
-    state = (x._version, act_bits, torch.is_inference_mode_enabled(), BitLinear.use_triton, _EXACT[0], norm,
-             None if norm is None else (norm.weight._version, _OPT_STEPS[0]))
+    state = (x._version, act_bits, torch.is_inference_mode_enabled(), BitLinear.use_triton, exact, norm,
+             None if norm is None else _weight_state(norm.weight))
     hit = _ACT_MEMO[0]
     if hit is not None and hit[0] is x and hit[1] == state: return hit[2], hit[3]
     x2 = x.reshape(-1, x.shape[-1])
-    xq, xs = _act_codes(x2, act_bits) if norm is None else norm_act_codes(x2, norm.weight, norm.variance_epsilon, act_bits)[:2]
+    xq, xs = _act_codes(x2, act_bits, exact) if norm is None else norm_act_codes(x2, norm.weight, norm.variance_epsilon, act_bits, exact)[:2]
     _ACT_MEMO[0] = (x, state, xq, xs)
     return xq, xs
 
+# %% ../nbs/01_quant.ipynb #147b7f20
 def _norm_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, bits: int):
     xf = x2.float()
     r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return *act_quant_int(xf * r * norm_w.float(), bits), r
 
+# %% ../nbs/01_quant.ipynb #47686570
 def _norm_codes_eager(x2, norm_w, eps: float, bits: int):
     xn = _scratch(x2.shape, x2.device).copy_(x2)
     r = torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + eps)
@@ -234,14 +283,15 @@ def _norm_codes_eager(x2, norm_w, eps: float, bits: int):
 # one read of x2 and one int8 write, instead of ~10 eager passes (the mean may round differently in its last bit)
 _NORM_Q = CompiledOrEager(_norm_codes, _norm_codes_eager, dynamic=True)
 
+# %% ../nbs/01_quant.ipynb #b83115c0
 @torch.no_grad()
-def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits: int = 8):
+def norm_act_codes(x2: torch.Tensor, norm_w: torch.Tensor, eps: float, act_bits: int = 8, exact: bool = False):
     "Codes and scales of `RMSNorm(x2)` (fp32, not rounded to x2's dtype first), and `r = 1/rms` per row for the backward."
     # compiled on every device: on an H200 one inductor kernel takes 141 us at 16384 x 576 where the eager norm and the
     # Triton quantizer take 229 us (02_kernels' GPU table); the eager fallback still quantizes with the registered kernel
     # detached, fp32 norm weight: compiled once per x2 dtype (and inference mode), under torch's recompile limit of 8
     # (past it every call ran the uncompiled reference: 6.9 ms against 0.5-0.9 ms compiled at 512 x 576, 1 thread)
-    return (_norm_codes_eager if _EXACT[0] else _NORM_Q)(x2.detach(), norm_w.detach().float(), eps, act_bits)
+    return (_norm_codes_eager if exact else _NORM_Q)(x2.detach(), norm_w.detach().float(), eps, act_bits)
 
 # %% ../nbs/01_quant.ipynb #4ad29d8c
 def int_rescale(xq, xs, wq, ws, bias, out_dtype) -> torch.Tensor:
@@ -256,6 +306,7 @@ def int_rescale(xq, xs, wq, ws, bias, out_dtype) -> torch.Tensor:
     if bias is not None: y += bias.float()
     return y.to(out_dtype, copy=True)
 
+# %% ../nbs/01_quant.ipynb #96710d56
 class _IntLinear(torch.autograd.Function):
     "Forward: int8 x ternary GEMM of given codes, rescaled. Backward: the STE, in the output dtype, from the int8 codes."
     @staticmethod
@@ -289,12 +340,13 @@ def _rmsnorm_backward(g_wq: torch.Tensor, ws: torch.Tensor, x2: torch.Tensor, r:
 # one pass over the [M, K] tensors instead of ~10 eager ones (the down projection's K = 1536 makes it ~4 ms a layer)
 _NORM_BWD = CompiledOrEager(_rmsnorm_backward, _rmsnorm_backward, dynamic=True)
 
+# %% ../nbs/01_quant.ipynb #16ad14c3
 class _NormIntLinear(torch.autograd.Function):
     "RMSNorm (SubLN) fused into the integer forward; saves the input, one `1/rms` per row and the int8 codes."
     @staticmethod
-    def forward(ctx, x, norm_w, w, bias, wq, ws, eps, act_bits, out_dtype):
+    def forward(ctx, x, norm_w, w, bias, wq, ws, eps, act_bits, out_dtype, exact):
         x2 = x.reshape(-1, x.shape[-1])
-        xq, xs, r = norm_act_codes(x2, norm_w, eps, act_bits)
+        xq, xs, r = norm_act_codes(x2, norm_w, eps, act_bits, exact)
         y = int_rescale(xq, xs, wq, ws, bias, out_dtype)
         ctx.save_for_backward(x2, r, norm_w, xq, xs, wq, ws)
         ctx.meta = (x.shape, w.dtype, None if bias is None else bias.dtype)
@@ -311,15 +363,16 @@ class _NormIntLinear(torch.autograd.Function):
             gx, gn = _NORM_BWD(g2 @ wq.to(dt), ws, x2, r, norm_w)
             gx, gn = gx.view(shape), gn.to(norm_w.dtype) if ctx.needs_input_grad[1] else None
         if bdt is not None and ctx.needs_input_grad[3]: gb = g2.sum(0).to(bdt)
-        return gx, gn, gw, gb, None, None, None, None, None
+        return gx, gn, gw, gb, None, None, None, None, None, None
 
 # %% ../nbs/01_quant.ipynb #be816bdd
-def _int_linear(x, mod, norm, wq, ws, out_dtype):
+def _int_linear(x, mod, norm, wq, ws, out_dtype, exact: bool):
     if norm is not None and not getattr(norm, 'shared', False):
-        return _NormIntLinear.apply(x, norm.weight, mod.weight, mod.bias, wq, ws, norm.variance_epsilon, mod.act_bits, out_dtype)
-    xq, xs = shared_act_codes(x, mod.act_bits, norm)   # of norm(x) for a FusedInputNorm's layers (grad: at norm(x))
+        return _NormIntLinear.apply(x, norm.weight, mod.weight, mod.bias, wq, ws, norm.variance_epsilon, mod.act_bits, out_dtype, exact)
+    xq, xs = shared_act_codes(x, mod.act_bits, norm, exact)   # of norm(x) for a FusedInputNorm's layers (grad: at norm(x))
     return _IntLinear.apply(x, mod.weight, mod.bias, xq, xs, wq, ws, out_dtype)
 
+# %% ../nbs/01_quant.ipynb #f4ba1fcc
 def int_linear(x: torch.Tensor, mod: nn.Module, norm: nn.Module | None = None) -> torch.Tensor:
     "`F.linear(act_quant(norm(x)), weight_quant(W), b)` of a BitLinear at `lam = 1` as an int8 GEMM (autocast-aware)."
     dev = x.device.type
@@ -327,11 +380,10 @@ def int_linear(x: torch.Tensor, mod: nn.Module, norm: nn.Module | None = None) -
     wq, ws = cached_weight_codes(mod)
     # without autograd (evaluation, generation) the eager quantizers: bit for bit what PackedBitLinear and stock
     # transformers compute from an export; the compiled ones may round the norm's mean differently in its last bit
-    exact, _EXACT[0] = _EXACT[0], not torch.is_grad_enabled()
-    try:
-        with torch.autocast(dev, enabled=False): return _int_linear(x, mod, norm, wq, ws, out_dtype)
-    finally: _EXACT[0] = exact
+    exact = not torch.is_grad_enabled()
+    with torch.autocast(dev, enabled=False): return _int_linear(x, mod, norm, wq, ws, out_dtype, exact)
 
+# %% ../nbs/01_quant.ipynb #9d5191e4
 @contextmanager
 def transformers_exact():
     "Inside: BitLinear runs the fake-quant path bit-identical to transformers' `AutoBitLinear` (export and compatibility checks)."
@@ -353,7 +405,7 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dt)
     def extra_repr(self): return f'{self.weight.shape[0]}, eps={self.variance_epsilon}'
 
-# Set `BitLinear.use_triton = False` (or WF_NB_TRITON=0) to force the plain PyTorch quantizers on CUDA.
+# %% ../nbs/01_quant.ipynb #1973d6b0
 def _fused_fake_quant(x):
     "The registered fused (weight, act) fake-quantizers for `x`'s device, or None (importing wf_nb.kernels registers Triton's)."
     return _FAKE_QUANT.get(x.device.type) if BitLinear.use_triton else None
@@ -371,54 +423,70 @@ class BitLinear(nn.Linear):
             self.weight = nn.Parameter(torch.empty(out_features, haar_width(in_features), device=device, dtype=dtype))
             nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
 
-    @classmethod
-    def from_linear(cls, lin: nn.Linear, **kwargs) -> 'BitLinear':
-        "A BitLinear holding `lin`'s parameters (copied; Haar-folded when `haar=True`)."
-        m = cls(lin.in_features, lin.out_features, lin.bias is not None, device=lin.weight.device,
-                dtype=lin.weight.dtype, **kwargs)
-        with torch.no_grad():
-            m.weight.copy_(haar_transform(lin.weight.float()).to(lin.weight.dtype) if m.haar else lin.weight)
-            if lin.bias is not None: m.bias.copy_(lin.bias)
-        return m
-
-    def int_path(self) -> bool:
-        "True when the forward is the integer one (int8 x ternary GEMM): `lam == 1`, 1-8 activation bits, `int_forward` on."
-        return self.lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward
-    def fuses_norm(self) -> bool:
-        "True when the integer forward runs without Haar: the layer's SubLN (own or `FusedSubLN`) is applied inside it."
-        return self.int_path() and not self.haar
-
-    def input_norm(self, x: torch.Tensor) -> nn.Module | None:
-        "The SubLN still to apply to `x`: the layer's own, or the `FusedSubLN` that passed exactly `x` through to it."
-        if self.rms_norm is not None: return self.rms_norm
-        f = next(iter(self._fused_norm), None)
-        return f if f is not None and f.handed(x) else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling(): return traced_forward(self, x)   # plain tensor ops for the compiler
-        if self.fuses_norm():   # int8 GEMM, SubLN inside
-            norm = self.input_norm(x)
-            if self._fused_norm: self._fused_norm[0].release()
-            return int_linear(x, self, norm)
-        lam, w = self.lam, self.weight
-        if self.rms_norm is not None: x = self.rms_norm(x)
-        if self.haar: x = haar_transform(x)
-        if self.int_path(): return int_linear(x, self)   # Haar
-        if lam > 0:
-            fused = _fused_fake_quant(x) if self.act_bits == 8 else None
-            if fused:   # fused Triton quantizers on CUDA (registered by wf_nb.kernels)
-                w, x = fused[0](w, lam), fused[1](x, lam)
-            else:
-                w = ste_quant(w, weight_quant_compiled, lam)
-                if self.act_bits: x = ste_quant(x, lambda t: act_quant(t, self.act_bits), lam)
-        return F.linear(x, w, self.bias)
-
-    def extra_repr(self):
-        return super().extra_repr() + f', lam={self.lam}, act_bits={self.act_bits}' + (', haar=True' if self.haar else '')
-
+# %% ../nbs/01_quant.ipynb #6528ff9d
 BitLinear.use_triton = os.environ.get('WF_NB_TRITON', '1') != '0'
 BitLinear.int_forward = os.environ.get('WF_NB_INT_FORWARD', '1') != '0'   # False: the fake-quant (transformers) path
 BitLinear.codes_per_step = False   # compiled forwards read the weight codes from the step's cache (`weight_codes_per_step`)
+
+@patch
+def extra_repr(self: BitLinear):
+    return super(BitLinear, self).extra_repr() + f', lam={self.lam}, act_bits={self.act_bits}' + (', haar=True' if self.haar else '')
+
+# %% ../nbs/01_quant.ipynb #cebcf8cd
+@patch(cls_method=True)
+def from_linear(cls: BitLinear, lin: nn.Linear, **kwargs) -> BitLinear:
+    "A BitLinear holding `lin`'s parameters (copied; Haar-folded when `haar=True`)."
+    m = cls(lin.in_features, lin.out_features, lin.bias is not None, device=lin.weight.device,
+            dtype=lin.weight.dtype, **kwargs)
+    with torch.no_grad():
+        m.weight.copy_(haar_transform(lin.weight.float()).to(lin.weight.dtype) if m.haar else lin.weight)
+        if lin.bias is not None: m.bias.copy_(lin.bias)
+    return m
+
+# %% ../nbs/01_quant.ipynb #ac049ac3
+@patch
+def int_path(self: BitLinear) -> bool:
+    "True when the forward is the integer one (int8 x ternary GEMM): `lam == 1`, 1-8 activation bits, `int_forward` on."
+    return self.lam >= 1 and 0 < self.act_bits <= 8 and BitLinear.int_forward
+
+@patch
+def fuses_norm(self: BitLinear) -> bool:
+    "True when the integer forward runs without Haar: the layer's SubLN (own or `FusedSubLN`) is applied inside it."
+    return self.int_path() and not self.haar
+
+@patch
+def input_norm(self: BitLinear, x: torch.Tensor) -> nn.Module | None:
+    "The SubLN still to apply to `x`: the layer's own, or the `FusedSubLN` that passed exactly `x` through to it."
+    if self.rms_norm is not None: return self.rms_norm
+    f = next(iter(self._fused_norm), None)
+    return f if f is not None and f.handed(x) else None
+
+# %% ../nbs/01_quant.ipynb #1dd2206a
+@patch
+def forward(self: BitLinear, x: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling(): return traced_forward(self, x)   # plain tensor ops for the compiler
+    if self.fuses_norm():   # int8 GEMM, SubLN inside
+        norm = self.input_norm(x)
+        if self._fused_norm: self._fused_norm[0].release()
+        return int_linear(x, self, norm)
+    if self.rms_norm is not None: x = self.rms_norm(x)
+    if self.haar: x = haar_transform(x)
+    if self.int_path(): return int_linear(x, self)   # Haar
+    return self._fake_quant_linear(x)
+
+# %% ../nbs/01_quant.ipynb #d65a4edc
+@patch
+def _fake_quant_linear(self: BitLinear, x: torch.Tensor) -> torch.Tensor:
+    "`F.linear` of the STE-quantized input and weight at strength `lam` (the plain linear at `lam = 0`)."
+    lam, w = self.lam, self.weight
+    if lam > 0:
+        fused = _fused_fake_quant(x) if self.act_bits == 8 else None
+        if fused:   # fused Triton quantizers on CUDA (registered by wf_nb.kernels)
+            w, x = fused[0](w, lam), fused[1](x, lam)
+        else:
+            w = ste_quant(w, weight_quant_compiled, lam)
+            if self.act_bits: x = ste_quant(x, lambda t: act_quant(t, self.act_bits), lam)
+    return F.linear(x, w, self.bias)
 
 # %% ../nbs/01_quant.ipynb #bb92a990
 class FusedSubLN(RMSNorm):
@@ -439,6 +507,7 @@ class FusedSubLN(RMSNorm):
         self._handed = x   # the layer normalizes exactly this tensor; any other input is taken as it comes
         return x
 
+# %% ../nbs/01_quant.ipynb #283e4a81
 def fuse_subln(norm: nn.Module, parent: nn.Module, name: str) -> FusedSubLN:
     "A `FusedSubLN` sharing `norm`'s weight (and eps), fused into the BitLinear `parent.<name>`; put it where `norm` was."
     f = FusedSubLN(norm.weight.shape[0], norm.variance_epsilon, device='meta')
@@ -454,6 +523,7 @@ def _rmsnorm_grads(g: torch.Tensor, x2: torch.Tensor, norm_w: torch.Tensor, eps:
 
 _NORM_GRADS = CompiledOrEager(_rmsnorm_grads, _rmsnorm_grads, dynamic=True)   # one pass, as _NORM_BWD
 
+# %% ../nbs/01_quant.ipynb #442b0f5b
 class _NormHandoff(torch.autograd.Function):
     "The identity on values; in the backward, RMSNorm's, applied once to the summed gradient of the norm's consumers."
     @staticmethod
@@ -466,6 +536,7 @@ class _NormHandoff(torch.autograd.Function):
         gx, gn = _NORM_GRADS(g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1]), norm_w, ctx.eps)
         return gx.view(x.shape), gn.to(norm_w.dtype) if ctx.needs_input_grad[1] else None, None
 
+# %% ../nbs/01_quant.ipynb #b2a770c7
 class FusedInputNorm(FusedSubLN):
     "A pre-norm feeding several BitLinears: while all of them run the integer forward, it hands its input over un-normalized."
     shared = True   # the consumers share one set of codes; `_NormHandoff` runs the norm's backward once
@@ -481,14 +552,17 @@ class FusedInputNorm(FusedSubLN):
         return h is not None and h() is x
     def release(self): pass   # the other consumers still need it; a weak reference keeps nothing alive
 
-    def forward(self, x):
-        if torch.compiler.is_compiling(): return self.normalize(x)
-        lins = self.consumers()
-        if not lins or not all(l.fuses_norm() for l in lins): return self.normalize(x)
-        y = _NormHandoff.apply(x, self.weight, self.variance_epsilon)
-        self._handed = weakref.ref(y)
-        return y
+# %% ../nbs/01_quant.ipynb #7dfa47c9
+@patch
+def forward(self: FusedInputNorm, x):
+    if torch.compiler.is_compiling(): return self.normalize(x)
+    lins = self.consumers()
+    if not lins or not all(l.fuses_norm() for l in lins): return self.normalize(x)
+    y = _NormHandoff.apply(x, self.weight, self.variance_epsilon)
+    self._handed = weakref.ref(y)
+    return y
 
+# %% ../nbs/01_quant.ipynb #217f4a99
 def fuse_input_norm(norm: nn.Module, parent: nn.Module, names) -> FusedInputNorm:
     "A `FusedInputNorm` sharing `norm`'s weight (and eps), fused into the BitLinears `parent.<name>` for `name` in `names`."
     f = FusedInputNorm(norm.weight.shape[0], norm.variance_epsilon, device='meta')
@@ -521,6 +595,7 @@ class _TracedIntLinear(torch.autograd.Function):
         if bdt is not None and ctx.needs_input_grad[2]: gb = g2.sum(0).to(bdt)
         return gx, gw, gb, None, None, None, None
 
+# %% ../nbs/01_quant.ipynb #cb966b0e
 def traced_forward(mod: BitLinear, x: torch.Tensor) -> torch.Tensor:
     "`mod(x)` in plain tensor ops (no memo, no norm hand-over): what a BitLinear runs under `torch.compile`."
     if mod.rms_norm is not None: x = mod.rms_norm(x)
@@ -591,6 +666,7 @@ def pack_ternary(q: torch.Tensor) -> torch.Tensor:
     blocks = codes.reshape(4, R, *q.shape[1:])
     return blocks[0] | (blocks[1] << 2) | (blocks[2] << 4) | (blocks[3] << 6)
 
+# %% ../nbs/01_quant.ipynb #8f6a2bad
 def unpack_ternary(packed: torch.Tensor, out_features: int | None = None, dtype=torch.int8) -> torch.Tensor:
     "Inverse of `pack_ternary`: `[4*R, ...]` values in {-1,0,1} (cut to `out_features` rows when given)."
     p = packed.to(torch.uint8)
@@ -601,22 +677,25 @@ def unpack_ternary(packed: torch.Tensor, out_features: int | None = None, dtype=
 # %% ../nbs/01_quant.ipynb #f2181d7f
 def _rel(a, b): return ((a - b).norm() / b.norm().clamp(min=1e-12)).item()
 
+def _act_error_hook(name: str, captured: dict):
+    "A forward pre-hook that records the relative error of quantizing the activations a BitLinear quantizes."
+    def f(m, args):
+        x = args[0]
+        norm = m.input_norm(x)
+        if norm is not None: x = norm.normalize(x)   # the SubLN the layer applies inside
+        if m.haar: x = haar_transform(x)
+        xf = x.float().reshape(-1, x.shape[-1])
+        captured[name] = _rel(act_quant(xf, m.act_bits or 8), xf)
+    return f
+
+# %% ../nbs/01_quant.ipynb #bb286972
 @torch.no_grad()
 def quant_error_stats(model: nn.Module, inputs=None) -> list[dict]:
     "Per-BitLinear quantization statistics (see above); print with `wf_nb.io.format_table`."
-    rows, captured, hooks = [], {}, []
+    rows, captured = [], {}
     layers = bitlinears(model)
     if inputs is not None:
-        def hook(name):
-            def f(m, args):
-                x = args[0]
-                norm = m.input_norm(x)
-                if norm is not None: x = norm.normalize(x)   # the SubLN the layer applies inside
-                if m.haar: x = haar_transform(x)
-                xf = x.float().reshape(-1, x.shape[-1])
-                captured[name] = _rel(act_quant(xf, m.act_bits or 8), xf)
-            return f
-        hooks = [m.register_forward_pre_hook(hook(n)) for n, m in layers]
+        hooks = [m.register_forward_pre_hook(_act_error_hook(n, captured)) for n, m in layers]
         try: model(**inputs) if isinstance(inputs, dict) else model(inputs)
         finally:
             for h in hooks: h.remove()
