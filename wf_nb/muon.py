@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import torch
 from torch import nn
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['NS_COEFFS', 'newton_schulz', 'split_params', 'Muon', 'build_muon_optimizer']
@@ -28,12 +29,18 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7, coeffs=NS_
     return X.mT if tall else X
 
 # %% ../nbs/05b_muon.ipynb #75eb697c
-def split_params(model: nn.Module):
-    "`(muon, adam_decay, adam_no_decay)`: lists of `(name, param)`; each trainable parameter appears once."
+def _embedding_param_ids(model: nn.Module) -> set[int]:
+    "`id`s of the parameters of the input embeddings and the LM head (tied or not)."
     excl = set()
     for get in ('get_input_embeddings', 'get_output_embeddings'):
         m = getattr(model, get, lambda: None)()
         if m is not None: excl |= {id(p) for p in m.parameters()}
+    return excl
+
+# %% ../nbs/05b_muon.ipynb #6de0a944
+def split_params(model: nn.Module):
+    "`(muon, adam_decay, adam_no_decay)`: lists of `(name, param)`; each trainable parameter appears once."
+    excl = _embedding_param_ids(model)
     muon, decay, no_decay, seen = [], [], [], set()
     for mname, m in model.named_modules():
         for pname, p in m.named_parameters(recurse=False):
@@ -54,6 +61,7 @@ def _muon_scale(shape, mode):
     if mode == 'original': return math.sqrt(max(1.0, m / n))
     raise ValueError(f"adjust_lr={mode!r}: use 'match_adamw' or 'original'")
 
+# %% ../nbs/05b_muon.ipynb #3456c0de
 class Muon(torch.optim.Optimizer):
     "Muon for param groups with `use_muon=True`, AdamW for the rest; one state dict."
     def __init__(self, params, lr=1e-3, weight_decay=0.0, momentum=0.95, nesterov=True, ns_steps=5,
@@ -74,37 +82,41 @@ class Muon(torch.optim.Optimizer):
             (self._muon if g['use_muon'] else self._adamw)(g)
         return loss
 
-    def _muon(self, group):
-        lr, wd, mom = group['lr'], group['weight_decay'], group['momentum']
-        for p in group['params']:
-            if p.grad is None: continue
-            st = self.state[p]
-            if 'momentum_buffer' not in st: st['momentum_buffer'] = torch.zeros_like(p, dtype=torch.float32)
-            buf = st['momentum_buffer']
-            grad = p.grad.float()
-            buf.mul_(mom).add_(grad)
-            upd = grad.add(buf, alpha=mom) if group['nesterov'] else buf
-            o = newton_schulz(upd, steps=group['ns_steps'])
-            if wd: p.mul_(1 - lr * wd)
-            p.add_(o.to(p.dtype), alpha=-lr * _muon_scale(p.shape, group['adjust_lr']))
+# %% ../nbs/05b_muon.ipynb #2ef616a0
+@patch
+def _muon(self: Muon, group):
+    lr, wd, mom = group['lr'], group['weight_decay'], group['momentum']
+    for p in group['params']:
+        if p.grad is None: continue
+        st = self.state[p]
+        if 'momentum_buffer' not in st: st['momentum_buffer'] = torch.zeros_like(p, dtype=torch.float32)
+        buf = st['momentum_buffer']
+        grad = p.grad.float()
+        buf.mul_(mom).add_(grad)
+        upd = grad.add(buf, alpha=mom) if group['nesterov'] else buf
+        o = newton_schulz(upd, steps=group['ns_steps'])
+        if wd: p.mul_(1 - lr * wd)
+        p.add_(o.to(p.dtype), alpha=-lr * _muon_scale(p.shape, group['adjust_lr']))
 
-    def _adamw(self, group):
-        lr, wd, (b1, b2), eps = group['lr'], group['weight_decay'], group['betas'], group['eps']
-        for p in group['params']:
-            if p.grad is None: continue
-            st = self.state[p]
-            if 'step' not in st:
-                st['step'] = torch.tensor(0.0)
-                st['exp_avg'] = torch.zeros_like(p, dtype=torch.float32)
-                st['exp_avg_sq'] = torch.zeros_like(p, dtype=torch.float32)
-            st['step'] += 1
-            t = st['step'].item()
-            grad = p.grad.float()
-            st['exp_avg'].lerp_(grad, 1 - b1)
-            st['exp_avg_sq'].mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            denom = (st['exp_avg_sq'] / (1 - b2 ** t)).sqrt_().add_(eps)
-            if wd: p.mul_(1 - lr * wd)
-            p.add_((st['exp_avg'] / (1 - b1 ** t) / denom).to(p.dtype), alpha=-lr)
+# %% ../nbs/05b_muon.ipynb #ea4e7f42
+@patch
+def _adamw(self: Muon, group):
+    lr, wd, (b1, b2), eps = group['lr'], group['weight_decay'], group['betas'], group['eps']
+    for p in group['params']:
+        if p.grad is None: continue
+        st = self.state[p]
+        if 'step' not in st:
+            st['step'] = torch.tensor(0.0)
+            st['exp_avg'] = torch.zeros_like(p, dtype=torch.float32)
+            st['exp_avg_sq'] = torch.zeros_like(p, dtype=torch.float32)
+        st['step'] += 1
+        t = st['step'].item()
+        grad = p.grad.float()
+        st['exp_avg'].lerp_(grad, 1 - b1)
+        st['exp_avg_sq'].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (st['exp_avg_sq'] / (1 - b2 ** t)).sqrt_().add_(eps)
+        if wd: p.mul_(1 - lr * wd)
+        p.add_((st['exp_avg'] / (1 - b1 ** t) / denom).to(p.dtype), alpha=-lr)
 
 # %% ../nbs/05b_muon.ipynb #e35de7f8
 def build_muon_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.0, betas=(0.9, 0.95), eps: float = 1e-8,
