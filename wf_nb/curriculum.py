@@ -44,6 +44,7 @@ def _next_targets(labels):
     nxt = torch.full_like(labels, IGNORE_INDEX); nxt[:, :-1] = labels[:, 1:]
     return nxt
 
+# %% ../nbs/05a_curriculum.ipynb #bd9d745c
 def token_saliency(student_logits, teacher_logits, labels, sel, kind: str = 'kl', T: float = 1.0) -> torch.Tensor:
     "Detached per-position saliency `[B, S]` (0 off `sel`): `kl` = KL(teacher^T || student^T), or `teacher_ce` on the next token."
     with torch.no_grad():
@@ -56,6 +57,12 @@ def token_saliency(student_logits, teacher_logits, labels, sel, kind: str = 'kl'
             out[has] = F.cross_entropy(teacher_logits[has].float(), nxt[has], reduction='none')
         else: raise ValueError(f"distill.saliency_score={kind!r}: use kl | teacher_ce")
     return out
+
+# %% ../nbs/05a_curriculum.ipynb #c54717aa
+def _weighted_kd(s, t, sel, w, T: float):
+    "`T^2 * KL(softmax(t/T) || softmax(s/T))` per `sel` position, weighted by `w` and averaged over the `sel` positions."
+    ls, lt = F.log_softmax(s[sel].float() / T, -1), F.log_softmax(t[sel].float() / T, -1)
+    return (w[sel] * (lt.exp() * (lt - ls)).sum(-1)).sum() / int(sel.sum()) * (T * T)
 
 # %% ../nbs/05a_curriculum.ipynb #0c706148
 def saliency_distill_loss(student_out, teacher_out, labels, mask=None, step: int = 0, max_steps: int = 1,
@@ -73,8 +80,7 @@ def saliency_distill_loss(student_out, teacher_out, labels, mask=None, step: int
     ce = (w[ce_pos] * ce_tok).sum() / w[ce_pos].sum().clamp(min=1e-12)
     loss, out = cfg.ce_weight * ce, {}
     if cfg.kd_weight > 0 and n:
-        ls, lt = F.log_softmax(s[sel].float() / T, -1), F.log_softmax(t[sel].float() / T, -1)
-        kl = (w[sel] * (lt.exp() * (lt - ls)).sum(-1)).sum() / n * (T * T)
+        kl = _weighted_kd(s, t, sel, w, T)
         loss = loss + cfg.kd_weight * kl; out['kl'] = kl.detach()
     lw_w = layerwise_weight_at(step, max_steps, cfg.layerwise_weight, cfg.layerwise_schedule)
     if lw_w > 0:
