@@ -8,6 +8,7 @@ import copy, dataclasses, difflib, hashlib, json, os, subprocess, typing
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 import yaml
+from fastcore.basics import patch
 from .errors import WFError
 from .io import atomic_write_text, load_yaml_text, read_yaml, shorten, YAMLInputError
 
@@ -46,6 +47,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     ternary: bool = False               # from-scratch stages (pretrain, kd): train with BitLinear from step 0
 
+# %% ../nbs/00a_config.ipynb #5fa24fc1
 @dataclass
 class DataConfig:
     "Where tokens come from and how they are cut into training sequences."
@@ -105,6 +107,7 @@ class TrainingConfig:
     budget: float = 0.0                 # stop cleanly once cumulative cost exceeds this (0 = no limit)
     checkpoint_uri: str = ''            # also keep checkpoints in object storage (s3://bucket/prefix, gs://..., file://...; wf_nb.remote)
 
+# %% ../nbs/00a_config.ipynb #cea6d121
 @dataclass
 class QuantConfig:
     "The 1.58-bit conversion: BitLinear everywhere but embeddings/lm_head, SubLN placement, lambda warmup."
@@ -115,6 +118,7 @@ class QuantConfig:
     haar: bool = False                  # Haar-wavelet activations (ablation)
     act_bits: int = 8
 
+# %% ../nbs/00a_config.ipynb #966f7186
 @dataclass
 class PeftConfig:
     "Parameter-efficient fine-tuning of a frozen ternary model (wf_nb.lora). `method=''`: off (full training), not in the fingerprint."
@@ -147,6 +151,7 @@ class DistillConfig:
     saliency_boost: float = 4.0         # their weight relative to the others at step 0 (annealed to 1 = uniform)
     saliency_anneal: float = 0.5        # share of the stage's steps over which the boost anneals to uniform
 
+# %% ../nbs/00a_config.ipynb #bbc0411d
 @dataclass
 class LoggingConfig:
     "Where metrics go. None of these change what is trained, so none enter the fingerprint."
@@ -158,6 +163,7 @@ class LoggingConfig:
     run_name: str = ''
     gpu_interval: float = 60.0          # seconds between GPU utilisation/memory/power samples (CUDA only; 0 = off; wf_nb.gpumon)
 
+# %% ../nbs/00a_config.ipynb #8a86c891
 @dataclass
 class DistributedConfig:
     "Process layout. `scale` picks a profile (small|medium|large) of processes and sharding."
@@ -167,6 +173,7 @@ class DistributedConfig:
     backend: str = ''                   # '' = nccl on CUDA, gloo on CPU
     gpus: str = ''                      # the hardware, 'A100:4' (type:count per node): prices the run (wf_nb.cloud)
 
+# %% ../nbs/00a_config.ipynb #51fb8e20
 @dataclass
 class WFConfig:
     "A whole run: the stage to run plus one config per group."
@@ -181,11 +188,14 @@ class WFConfig:
     peft: PeftConfig = field(default_factory=PeftConfig)
 
     def to_dict(self): return asdict(self)
-    def get(self, dotted):
-        "Value at a dotted path, e.g. `cfg.get('training.lr')`."
-        obj = self
-        for p in dotted.split('.'): obj = getattr(obj, p)
-        return obj
+
+# %% ../nbs/00a_config.ipynb #53b27ef5
+@patch
+def get(self: WFConfig, dotted):
+    "Value at a dotted path, e.g. `cfg.get('training.lr')`."
+    obj = self
+    for p in dotted.split('.'): obj = getattr(obj, p)
+    return obj
 
 # %% ../nbs/00a_config.ipynb #183712ff
 GROUPS = {f.name: f.type for f in fields(WFConfig) if f.name != 'stage'}
@@ -193,6 +203,11 @@ GROUPS = {f.name: f.type for f in fields(WFConfig) if f.name != 'stage'}
 # %% ../nbs/00a_config.ipynb #19402532
 PRESETS: dict[str, dict[str, dict]] = {g: {} for g in ['model','data','training','quant','distill','logging','distributed','peft']}
 
+def _group_cls(group):
+    return {'model': ModelConfig, 'data': DataConfig, 'training': TrainingConfig, 'quant': QuantConfig,
+            'distill': DistillConfig, 'logging': LoggingConfig, 'distributed': DistributedConfig, 'peft': PeftConfig}[group]
+
+# %% ../nbs/00a_config.ipynb #2b955f7b
 def register_preset(group: str, name: str, /, **values):
     "Register `values` as preset `name` of `group`; unknown fields fail now, not at use."
     if group not in PRESETS: raise KeyError(f"unknown config group {group!r}; groups: {', '.join(PRESETS)}")
@@ -203,10 +218,6 @@ def register_preset(group: str, name: str, /, **values):
     PRESETS[group][name] = dict(values)
     return values
 
-def _group_cls(group):
-    return {'model': ModelConfig, 'data': DataConfig, 'training': TrainingConfig, 'quant': QuantConfig,
-            'distill': DistillConfig, 'logging': LoggingConfig, 'distributed': DistributedConfig, 'peft': PeftConfig}[group]
-
 # %% ../nbs/00a_config.ipynb #110f5a1d
 class ConfigError(WFError, ValueError):
     "A config key or value that cannot be used; the message says what is valid."
@@ -215,29 +226,39 @@ def _suggest(word, options):
     close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
     return f" Did you mean {close[0]!r}?" if close else ''
 
+# %% ../nbs/00a_config.ipynb #32f10717
+def _to_bool(value) -> bool:
+    if isinstance(value, bool): return value
+    s = str(value).strip().lower()
+    if s in ('true','1','yes','on'): return True
+    if s in ('false','0','no','off'): return False
+    raise ValueError
+
+def _to_int(value) -> int:
+    if isinstance(value, bool): raise ValueError
+    if isinstance(value, int): return value
+    f = float(value)
+    if not f.is_integer(): raise ValueError
+    return int(f)
+
+# %% ../nbs/00a_config.ipynb #9f23a3b1
+def _to_float(value) -> float:
+    if isinstance(value, bool): raise ValueError
+    return float(value)
+
+def _to_str(value) -> str: return '' if value is None else str(value)
+
+_CONVERTERS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+# %% ../nbs/00a_config.ipynb #26c8b828
 def _coerce(value, typ, key):
     "Check and convert `value` (a parsed YAML scalar or a string) to the field type `typ`."
     if isinstance(typ, str): typ = {'str': str, 'int': int, 'float': float, 'bool': bool}.get(typ, typ)
-    try:
-        if typ is bool:
-            if isinstance(value, bool): return value
-            s = str(value).strip().lower()
-            if s in ('true','1','yes','on'): return True
-            if s in ('false','0','no','off'): return False
-            raise ValueError
-        if typ is int:
-            if isinstance(value, bool): raise ValueError
-            if isinstance(value, int): return value
-            f = float(value)
-            if not f.is_integer(): raise ValueError
-            return int(f)
-        if typ is float:
-            if isinstance(value, bool): raise ValueError
-            return float(value)
-        if typ is str: return '' if value is None else str(value)
+    conv = _CONVERTERS.get(typ)
+    if conv is None: return value
+    try: return conv(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{key}: {shorten(repr(value), 80)} is not a valid {typ.__name__}") from None
-    return value
 
 def _parse_scalar(s):
     try: return load_yaml_text(s)   # no aliases: an override cannot expand either
@@ -248,6 +269,18 @@ def _field_types(cls):
     return {f.name: hints[f.name] for f in fields(cls)}
 
 # %% ../nbs/00a_config.ipynb #e9f223bc
+def _apply_preset(cfg: WFConfig, key: str, raw: str) -> WFConfig:
+    "`group=preset`: replace the whole group by the preset (from the group's defaults)."
+    if key not in GROUPS:
+        raise ConfigError(f"unknown config group {key!r}. Groups: {', '.join(GROUPS)}, stage.{_suggest(key, GROUPS)}")
+    presets = PRESETS[key]
+    name = raw.strip()
+    if name not in presets:
+        raise ConfigError(f"unknown {key} preset {name!r}. Valid: {', '.join(sorted(presets))}.{_suggest(name, presets)}")
+    setattr(cfg, key, _group_cls(key)(**presets[name]))
+    return cfg
+
+# %% ../nbs/00a_config.ipynb #312443f1
 def apply_override(cfg: WFConfig, override: str) -> WFConfig:
     "Apply one `group.key=value` or `group=preset` (or `stage=...`) override to `cfg` in place."
     if '=' not in override:
@@ -256,15 +289,7 @@ def apply_override(cfg: WFConfig, override: str) -> WFConfig:
     key = key.strip()
     if key == 'stage':
         cfg.stage = normalize_stage(raw.strip()); return cfg
-    if '.' not in key:
-        if key not in GROUPS:
-            raise ConfigError(f"unknown config group {key!r}. Groups: {', '.join(GROUPS)}, stage.{_suggest(key, GROUPS)}")
-        presets = PRESETS[key]
-        name = raw.strip()
-        if name not in presets:
-            raise ConfigError(f"unknown {key} preset {name!r}. Valid: {', '.join(sorted(presets))}.{_suggest(name, presets)}")
-        setattr(cfg, key, _group_cls(key)(**presets[name]))
-        return cfg
+    if '.' not in key: return _apply_preset(cfg, key, raw)
     group, sub = key.split('.', 1)
     if group not in GROUPS:
         raise ConfigError(f"unknown config group {group!r} in {key!r}. Groups: {', '.join(GROUPS)}.{_suggest(group, GROUPS)}")
@@ -301,6 +326,7 @@ RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True),
     'peft.r': (1, None, True, True), 'peft.alpha': (0, None, False, True), 'peft.dropout': (0, 1, True, False)}
 
+# %% ../nbs/00a_config.ipynb #56a0357b
 def check_ranges(cfg, ranges=RANGES):
     "Refuse NaN, infinite and out-of-range numbers at config time (not deep inside torch), naming key, value and range."
     import math
@@ -326,6 +352,7 @@ CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.
 
 PEFT_TARGETS = ('q', 'k', 'v', 'o', 'gate', 'up', 'down')   # peft.targets: the projections of a decoder layer
 
+# %% ../nbs/00a_config.ipynb #2bd7e3bc
 def default_precision() -> str:
     "`bf16` where autocast to bf16 is fast (a CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else `fp32`."
     import torch
@@ -334,13 +361,8 @@ def default_precision() -> str:
     fast = any(getattr(cpu, f, lambda: False)() for f in ('_is_avx512_bf16_supported', '_is_amx_tile_supported'))
     return 'bf16' if fast else 'fp32'
 
-def validate(cfg: WFConfig) -> WFConfig:
-    "Check enumerations and ranges; raise `ConfigError` naming the key, the bad value and the valid ones."
-    check_ranges(cfg)
-    if cfg.training.precision == 'auto': cfg.training.precision = default_precision()   # concrete before any fingerprint
-    for k, opts in CHOICES.items():
-        v = cfg.get(k)
-        if v not in opts: raise ConfigError(f"{k}={v!r} is not one of {', '.join(map(repr, opts))}.{_suggest(str(v), opts)}")
+# %% ../nbs/00a_config.ipynb #8812df50
+def _check_sizes(cfg: WFConfig):
     t = cfg.training
     positive = {'training.batch_size': t.batch_size, 'training.grad_accum': t.grad_accum, 'data.seq_len': cfg.data.seq_len,
                 'training.save_interval': t.save_interval, 'training.keep_last': t.keep_last, 'logging.interval': cfg.logging.interval}
@@ -350,18 +372,32 @@ def validate(cfg: WFConfig) -> WFConfig:
     if not 0 <= cfg.data.fim_rate <= 1: raise ConfigError(f"data.fim_rate={cfg.data.fim_rate} must be in [0, 1]")
     if cfg.model.hidden_size % cfg.model.num_heads: raise ConfigError("model.hidden_size must be divisible by model.num_heads")
     if cfg.model.num_heads % cfg.model.num_kv_heads: raise ConfigError("model.num_heads must be divisible by model.num_kv_heads")
+
+def _check_peft(cfg: WFConfig):
     bad = [t for t in cfg.peft.targets.split(',') if t.strip() not in PEFT_TARGETS]
     if cfg.peft.method and (bad or not cfg.peft.targets.strip()):
         raise ConfigError(f"peft.targets={cfg.peft.targets!r}: {bad or 'empty'}; valid: a comma-separated list of {', '.join(PEFT_TARGETS)}")
+
+# %% ../nbs/00a_config.ipynb #1e2d1d9d
+def validate(cfg: WFConfig) -> WFConfig:
+    "Check enumerations and ranges; raise `ConfigError` naming the key, the bad value and the valid ones."
+    check_ranges(cfg)
+    if cfg.training.precision == 'auto': cfg.training.precision = default_precision()   # concrete before any fingerprint
+    for k, opts in CHOICES.items():
+        v = cfg.get(k)
+        if v not in opts: raise ConfigError(f"{k}={v!r} is not one of {', '.join(map(repr, opts))}.{_suggest(str(v), opts)}")
+    _check_sizes(cfg)
+    _check_peft(cfg)
     return cfg
 
-# Per-stage defaults, applied right after `stage=` and before any other preset or override. The Stage 1.9 / 2 values
-# are the recipe measured in tests/benchmarks/bench_quality.py (see 07_stages).
+# %% ../nbs/00a_config.ipynb #785edfc4
+# The Stage 1.9 / 2 values are the recipe measured in tests/benchmarks/bench_quality.py (see 07_stages).
 STAGE_DEFAULTS: dict[str, list[str]] = {
     '1.9': ['training.lr=1e-3', 'training.warmup_steps=10', 'distill.ce_weight=0.0', 'distill.kd_weight=1.0', 'distill.layerwise_weight=1.0'],
     '2': ['training.lr=1e-3', 'training.warmup_steps=10', 'distill.ce_weight=0.0', 'distill.kd_weight=1.0'],
 }
 
+# %% ../nbs/00a_config.ipynb #3a14de9e
 def get_config(overrides=(), stage=None, model=None, base: WFConfig | None = None) -> WFConfig:
     "A validated config: `base` (or defaults), then `stage` and its `STAGE_DEFAULTS`, then presets, then dotted overrides."
     cfg = copy.deepcopy(base) if base is not None else WFConfig()
@@ -391,12 +427,14 @@ def from_dict(d: dict) -> WFConfig:
             setattr(getattr(cfg, g), k, _coerce(v, types[k], f'{g}.{k}'))
     return cfg
 
+# %% ../nbs/00a_config.ipynb #8e0b8ad7
 def to_yaml(cfg: WFConfig) -> str: return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 def save_yaml(cfg: WFConfig, path):
     "Write `cfg` to `path` atomically (`wf_nb.io`)."
     return atomic_write_text(path, to_yaml(cfg))
 
+# %% ../nbs/00a_config.ipynb #ccf09e06
 def load_yaml(path) -> WFConfig:
     "Read a config written by `save_yaml` (or by hand) and validate it."
     try: d = read_yaml(path)   # safe, no aliases (a billion-laughs file is refused), size-capped
@@ -410,6 +448,7 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
                       'data.pin_memory', 'data.prefetch_factor',
                       'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus')   # where it is stored / what it runs on
 
+# %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:
     "The commit of the checkout at `path` (default: wf_nb's own, the code that runs) and whether it is dirty (`commit=''` outside git; `$WF_NB_COMMIT` when set)."
     if os.environ.get('WF_NB_COMMIT'): return {'commit': os.environ['WF_NB_COMMIT'], 'dirty': False}   # code shipped without .git (wf launch)
@@ -423,6 +462,7 @@ def git_info(path=None) -> dict:
         return {'commit': r.stdout.strip(), 'dirty': dirty}
     except (OSError, subprocess.SubprocessError): return {'commit': '', 'dirty': False}
 
+# %% ../nbs/00a_config.ipynb #5636d91f
 def _drop(d: dict, path: str):
     head, _, rest = path.partition('.')
     if head not in d: return
@@ -430,6 +470,7 @@ def _drop(d: dict, path: str):
         if isinstance(d[head], dict): _drop(d[head], rest)
     else: del d[head]
 
+# %% ../nbs/00a_config.ipynb #c33f0f64
 def fingerprint(cfg: WFConfig, commit: str | None = None, ignore=FINGERPRINT_IGNORE) -> str:
     "SHA256 hex of the canonical config (minus `ignore`d dotted paths) and the git `commit`."
     d = cfg.to_dict()
