@@ -53,9 +53,17 @@ def _listing(request):
             elif row: tr.write_line(f'  {p:40s} {row[1]:6s} {row[2]:3d} cells run, skipped {row[3] or "none"}, {row[4]:.0f} s')
             else: tr.write_line(f'  {p:40s} not run')
 
+def _module_notebooks() -> set[str]:
+    "The notebook of every wf_nb module, from the header nbdev writes into it (`File to edit: ../nbs/X.ipynb`)."
+    return {f"nbs/{m.group(1)}.ipynb" for py in (ROOT / 'wf_nb').glob('*.py')
+            for m in [re.search(r'File to edit: \.\./nbs/([\w.-]+)\.ipynb', py.read_text())] if m}
+
 def test_every_notebook_is_covered():
-    "Each notebook under nbs/ and papermill_runs/ runs here or in the test ELSEWHERE names (which really runs it)."
-    assert len(NOTEBOOKS) >= 25, NOTEBOOKS
+    "Each notebook under nbs/ and papermill_runs/ runs here or in the test ELSEWHERE names (which really runs it): none is skipped."
+    on_disk = {str(p.relative_to(ROOT)) for d in ('nbs', 'papermill_runs') for p in (ROOT / d).iterdir() if p.suffix == '.ipynb'}
+    assert set(NOTEBOOKS) | set(ELSEWHERE) == on_disk and not set(NOTEBOOKS) & set(ELSEWHERE), sorted(on_disk ^ set(NOTEBOOKS))
+    modules = _module_notebooks()
+    assert len(modules) >= 30 and modules <= set(NOTEBOOKS) | set(ELSEWHERE), sorted(modules - set(NOTEBOOKS))   # every module's notebook runs
     for nb, where in ELSEWHERE.items():
         assert (ROOT / nb).exists(), f'{nb} is gone: drop it from ELSEWHERE'
         f, test = where.split('::')
