@@ -161,20 +161,13 @@ def _reader_left() -> int:
     return 0
 
 # %% ../nbs/11_cli.ipynb #c9d30757
-def _stop_signal(res: dict):
-    "The signal that stopped the run: `res['signal']` (until the trainer returns it, the stop handler's record)."
-    if 'signal' in res: return res['signal']
-    stop = getattr(sys.modules.get('wf_nb.trainer'), '_Stop', None)   # fallback while the trainer has no 'signal' yet
-    sig = getattr(stop, 'last_signal', None)
-    if stop is not None: stop.last_signal = None   # read once: a later run in this process starts clean
-    return sig
-
 def _train_exit(res: dict) -> int:
     "Exit code of a finished `wf train` / `wf pipeline`: 0 COMPLETED, 128 + N stopped by signal N, 3 by the budget, 1 FAILED."
+    from wf_nb.registry import Status
     st = res.get('status')
-    if st == 'COMPLETED': return 0
-    if st != 'INTERRUPTED': return 1
-    sig = _stop_signal(res)
+    if st == Status.COMPLETED: return 0
+    if st != Status.INTERRUPTED: return 1
+    sig = res.get('signal')   # the signal that stopped it (`Trainer.fit` / `run_stage` / `run_pipeline` return it)
     return exit_code(Interrupted(sig) if sig else BudgetExhausted())
 
 # %% ../nbs/11_cli.ipynb #13f5e63b
