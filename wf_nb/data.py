@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 import numpy as np
+from fastcore.basics import patch
 from .errors import WFError
 from .config import get_config
 from .assets import cache_dir, shakespeare_files, stdlib_files, c_header_files, perl_files
@@ -29,6 +30,19 @@ TEXT_SUFFIXES = {'.txt', '.text', '.md', '.rst', '.py', '.c', '.h', '.cpp', '.js
                  '.sh', '.pm', '.pl', '.tex', '.html', '.css', '.toml', '.yaml', '.yml', '.cfg', '.ini'}
 ROW_SUFFIXES = {'.jsonl', '.ndjson', '.parquet'}
 
+# %% ../nbs/04_data.ipynb #cfa483f1
+def _bible_books(text: str) -> list[list[str]]:
+    "The verses of each book, in order, from `bible -f` output (lines `Book<chapter>:<verse> text`)."
+    books, cur, last = [], [], None
+    for line in text.splitlines():
+        m = re.match(r'^(\d?[A-Za-z]+)(\d+):(\d+)\s+(.*)$', line)
+        if not m: continue
+        if m.group(1) != last and cur: books.append(cur); cur = []
+        last = m.group(1); cur.append(m.group(4))
+    if cur: books.append(cur)
+    return books
+
+# %% ../nbs/04_data.ipynb #9afe987a
 def bible_kjv_files() -> list[Path]:
     """The King James Bible, one text file per book (66), from Debian's `bible-kjv` package
     (`sudo apt-get install bible-kjv`, 4.4 MB of prose); extracted once into the cache with verse labels removed."""
@@ -37,20 +51,14 @@ def bible_kjv_files() -> list[Path]:
         exe = shutil.which('bible')
         if exe is None: raise DataError("the bible_kjv corpus needs Debian's bible-kjv package: sudo apt-get install bible-kjv (or pick data.source=shakespeare)")
         import subprocess
-        text = subprocess.run([exe, '-f', 'Gen1:1-Rev22:21'], capture_output=True, text=True, check=True).stdout
-        books, cur, last = [], [], None
-        for line in text.splitlines():
-            m = re.match(r'^(\d?[A-Za-z]+)(\d+):(\d+)\s+(.*)$', line)
-            if not m: continue
-            if m.group(1) != last and cur: books.append(cur); cur = []
-            last = m.group(1); cur.append(m.group(4))
-        if cur: books.append(cur)
+        books = _bible_books(subprocess.run([exe, '-f', 'Gen1:1-Rev22:21'], capture_output=True, text=True, check=True).stdout)
         if len(books) != 66: raise DataError(f"bible -f gave {len(books)} books, expected 66; reinstall bible-kjv")
         def write(tmp):
             for i, b in enumerate(books, 1): (tmp/f'{i:02d}.txt').write_text('\n'.join(b) + '\n')
         atomic_dir(out, write, exists='replace')
     return sorted(out.glob('*.txt'))
 
+# %% ../nbs/04_data.ipynb #53fd804c
 PRESET_SOURCES = {'shakespeare': shakespeare_files, 'stdlib': stdlib_files, 'bible_kjv': bible_kjv_files,
                   'c_headers': c_header_files, 'perl': perl_files}
 PRESET_SOURCES.update(CORPORA)   # legal text, docs, dialogue, the held-out domains, the teacher's corpus (00d_corpora)
@@ -66,23 +74,28 @@ class TextSource:
 
     def __repr__(self): return f'TextSource({self.spec!r}, kind={self.kind}, files={len(self.files)})'
 
-    def fingerprint(self) -> str:
-        "Changes when any file changes (path, size, mtime) or the text field does."
-        if self.kind == 'files':
-            st = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in self.files]
-        elif self.kind == 'disk':
-            st = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(self.root).rglob('*')) if p.is_file()]
-        else: st = [self.spec]
-        dec = [] if (self.encoding, self.decode_errors) == ('utf-8', 'strict') else [self.encoding, self.decode_errors]
-        return sha256_json([self.kind, st, self.text_field, *dec], 16)   # default decoding: the same key as before it was configurable
+# %% ../nbs/04_data.ipynb #469cce1d
+@patch
+def fingerprint(self: TextSource) -> str:
+    "Changes when any file changes (path, size, mtime) or the text field does."
+    if self.kind == 'files':
+        st = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in self.files]
+    elif self.kind == 'disk':
+        st = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(Path(self.root).rglob('*')) if p.is_file()]
+    else: st = [self.spec]
+    dec = [] if (self.encoding, self.decode_errors) == ('utf-8', 'strict') else [self.encoding, self.decode_errors]
+    return sha256_json([self.kind, st, self.text_field, *dec], 16)   # default decoding: the same key as before it was configurable
 
-    def iter_docs(self) -> Iterator[str]:
-        "Every non-blank document, in a fixed order."
-        if self.kind == 'files':
-            for p in self.files: yield from _file_docs(p, self.text_field, self.encoding, self.decode_errors)
-        elif self.kind == 'disk': yield from _dataset_docs(_load_disk(self.root), self.text_field, self.root)
-        else: yield from _dataset_docs(_load_hub(self.spec, self.streaming), self.text_field, self.spec)
+# %% ../nbs/04_data.ipynb #9605e3da
+@patch
+def iter_docs(self: TextSource) -> Iterator[str]:
+    "Every non-blank document, in a fixed order."
+    if self.kind == 'files':
+        for p in self.files: yield from _file_docs(p, self.text_field, self.encoding, self.decode_errors)
+    elif self.kind == 'disk': yield from _dataset_docs(_load_disk(self.root), self.text_field, self.root)
+    else: yield from _dataset_docs(_load_hub(self.spec, self.streaming), self.text_field, self.spec)
 
+# %% ../nbs/04_data.ipynb #e0bc398d
 def _is_dataset_dir(p: Path) -> bool:
     return (p/'dataset_info.json').exists() or (p/'state.json').exists() or (p/'dataset_dict.json').exists()
 
@@ -97,6 +110,7 @@ def _list_files(p: Path) -> list[Path]:
             elif f.is_file() and f.suffix.lower() in TEXT_SUFFIXES | ROW_SUFFIXES: out.append(f)
     return sorted(out)
 
+# %% ../nbs/04_data.ipynb #8977c471
 def text_source(spec: str, text_field: str = 'text', streaming: bool = False, encoding: str = 'utf-8',
                 decode_errors: str = 'strict') -> TextSource:
     "Resolve `spec` (preset name, file, folder, saved dataset, hub name) to a `TextSource` (text files read as `encoding`)."
@@ -122,49 +136,64 @@ def _decode_hint(p, enc, e, raw, offset=0):
                      f"UTF-8, or set data.encoding=latin-1 (the file's real encoding), or data.decode_errors=replace to train on it "
                      f"with replacement characters knowingly (wf data tokenize: --encoding / --decode-errors)")
 
+# %% ../nbs/04_data.ipynb #6bddc48e
 def _check_text_bytes(p: Path, head: bytes, enc: str):
     "Refuse binary files: a NUL byte in the first 8 KiB (not in UTF-16/32, where NULs are normal)."
     if 'utf-16' in enc.lower() or 'utf-32' in enc.lower() or 'utf16' in enc.lower() or 'utf32' in enc.lower(): return
     if (i := head.find(b'\x00')) >= 0:
         raise DataError(f"{p} looks binary (a NUL byte at offset {i}), not text; remove it from the source or point data.source at text files")
 
+# %% ../nbs/04_data.ipynb #f9d2420d
+def _jsonl_docs(p: Path, field: str, encoding: str, errors: str):
+    "The non-blank `field` of every line of JSONL file `p`; a line that does not decode, parse or hold `field` is an error."
+    with open(p, 'rb') as f:
+        _check_text_bytes(p, f.read(8192), encoding); f.seek(0); off = 0
+        for i, raw in enumerate(f, 1):
+            try: line = raw.decode(encoding, errors)
+            except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw, off) from None
+            if i == 1: line = line.removeprefix('\ufeff')
+            off += len(raw)
+            if not line.strip(): continue
+            try: row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{p}:{i}: not valid JSON ({e.msg}). Fix or delete that line, or remove the file from the source.") from None
+            if not isinstance(row, dict) or field not in row:
+                keys = list(row) if isinstance(row, dict) else type(row).__name__
+                raise DataError(f"{p}:{i}: no field {field!r} (found {keys}). Set data.text_field to the field holding the text.")
+            t = row[field]
+            if isinstance(t, str) and t.strip(): yield t
+
+# %% ../nbs/04_data.ipynb #a206132e
+def _parquet_docs(p: Path, field: str):
+    "The non-blank strings of column `field` of Parquet file `p`."
+    import pyarrow.parquet as pq
+    try: pf = pq.ParquetFile(p)
+    except Exception as e: raise DataError(f"{p}: not a readable Parquet file ({e}). Re-export it or remove it from the source.") from None
+    if field not in pf.schema_arrow.names:
+        raise DataError(f"{p}: no column {field!r} (columns: {pf.schema_arrow.names}). Set data.text_field to the text column.")
+    for b in pf.iter_batches(columns=[field], batch_size=1024):
+        for t in b.column(0).to_pylist():
+            if isinstance(t, str) and t.strip(): yield t
+
+# %% ../nbs/04_data.ipynb #f2a145b2
+def _text_docs(p: Path, encoding: str, errors: str):
+    "The text of file `p` as one document (none when blank)."
+    raw = p.read_bytes()
+    _check_text_bytes(p, raw[:8192], encoding)
+    try: t = raw.decode(encoding, errors)
+    except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw) from None
+    t = t.removeprefix('\ufeff').replace('\r\n', '\n')   # a BOM is not text; Windows line ends tokenize as Unix ones
+    if t.strip(): yield t
+
+# %% ../nbs/04_data.ipynb #e9370179
 def _file_docs(p: Path, field: str, encoding: str = 'utf-8', errors: str = 'strict'):
+    "The documents of file `p`: a JSONL line's or Parquet row's `field`, or the whole text of any other file."
     suf = p.suffix.lower()
     try: import codecs; codecs.lookup(encoding); codecs.lookup_error(errors)
     except LookupError as e: raise DataError(f"data.encoding={encoding!r} / data.decode_errors={errors!r}: {e}. Use e.g. utf-8, latin-1; strict, replace") from None
-    if suf in ('.jsonl', '.ndjson'):
-        with open(p, 'rb') as f:
-            _check_text_bytes(p, f.read(8192), encoding); f.seek(0); off = 0
-            for i, raw in enumerate(f, 1):
-                try: line = raw.decode(encoding, errors)
-                except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw, off) from None
-                if i == 1: line = line.removeprefix('\ufeff')
-                off += len(raw)
-                if not line.strip(): continue
-                try: row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{p}:{i}: not valid JSON ({e.msg}). Fix or delete that line, or remove the file from the source.") from None
-                if not isinstance(row, dict) or field not in row:
-                    keys = list(row) if isinstance(row, dict) else type(row).__name__
-                    raise DataError(f"{p}:{i}: no field {field!r} (found {keys}). Set data.text_field to the field holding the text.")
-                t = row[field]
-                if isinstance(t, str) and t.strip(): yield t
-    elif suf == '.parquet':
-        import pyarrow.parquet as pq
-        try: pf = pq.ParquetFile(p)
-        except Exception as e: raise DataError(f"{p}: not a readable Parquet file ({e}). Re-export it or remove it from the source.") from None
-        if field not in pf.schema_arrow.names:
-            raise DataError(f"{p}: no column {field!r} (columns: {pf.schema_arrow.names}). Set data.text_field to the text column.")
-        for b in pf.iter_batches(columns=[field], batch_size=1024):
-            for t in b.column(0).to_pylist():
-                if isinstance(t, str) and t.strip(): yield t
-    else:
-        raw = p.read_bytes()
-        _check_text_bytes(p, raw[:8192], encoding)
-        try: t = raw.decode(encoding, errors)
-        except UnicodeDecodeError as e: raise _decode_hint(p, encoding, e, raw) from None
-        t = t.removeprefix('\ufeff').replace('\r\n', '\n')   # a BOM is not text; Windows line ends tokenize as Unix ones
-        if t.strip(): yield t
+    if suf in ('.jsonl', '.ndjson'): yield from _jsonl_docs(p, field, encoding, errors)
+    elif suf == '.parquet': yield from _parquet_docs(p, field)
+    else: yield from _text_docs(p, encoding, errors)
 
 # %% ../nbs/04_data.ipynb #1b7a0c05
 def _load_disk(root):
@@ -173,6 +202,7 @@ def _load_disk(root):
     if isinstance(ds, datasets.DatasetDict): ds = ds['train'] if 'train' in ds else ds[next(iter(ds))]
     return ds
 
+# %% ../nbs/04_data.ipynb #8a35af7e
 def _load_hub(name, streaming):
     import datasets
     try: return datasets.load_dataset(name, split='train', streaming=streaming)
@@ -181,6 +211,7 @@ def _load_hub(name, streaming):
                         f"Offline? On a connected machine run `datasets.load_dataset({name!r}, split='train').save_to_disk(DIR)`, "
                         f"copy DIR here and set data.source=DIR (or use data.source=shakespeare / stdlib).") from None
 
+# %% ../nbs/04_data.ipynb #99ce5c5c
 def _dataset_docs(ds, field, where):
     names = getattr(ds, 'column_names', None)
     if names is not None and field not in names:
@@ -211,6 +242,7 @@ def token_dtype(vocab_size: int):
     "uint16 when every id fits, else uint32."
     return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 
+# %% ../nbs/04_data.ipynb #81dde1fe
 def _backend(tokenizer):
     b = getattr(tokenizer, 'backend_tokenizer', None)
     if b is None: raise DataError(f"{type(tokenizer).__name__} is not a fast tokenizer; load it with use_fast=True (wf_nb.assets.load_tokenizer does).")
@@ -234,6 +266,7 @@ def doc_batches(docs, max_docs=256, max_chars=1_000_000):
         if len(batch) >= max_docs or n >= max_chars: yield batch; batch, n = [], 0
     if batch: yield batch
 
+# %% ../nbs/04_data.ipynb #5e2dbab3
 class DocEncoder:
     "Encodes a batch of documents to (token ids with EOS after each document, lengths) with a fast tokenizer."
     def __init__(self, tokenizer, dtype=np.int64):
@@ -248,6 +281,7 @@ class DocEncoder:
         if ids.size and int(ids.max()) <= np.iinfo(self.dtype).max: ids = ids.astype(self.dtype)     # smaller pickles from workers
         return ids, lens
 
+# %% ../nbs/04_data.ipynb #680e6f6e
 _worker_encoder = None   # set in each pool worker process by `_init_worker` (never in the parent)
 
 def _init_worker(encoder):
