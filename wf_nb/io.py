@@ -5,6 +5,7 @@
 # %% ../nbs/00_io.ipynb #9dc91cd4
 from __future__ import annotations
 import errno, hashlib, json, os, shutil, tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from .errors import DiskFull, WFError
 
@@ -26,20 +27,27 @@ def disk_full_error(e: BaseException, folder) -> DiskFull | None:
     if free >= DISK_FULL_BYTES: return None
     return DiskFull(folder, f"{free >> 20} MiB free when the write failed")
 
+# %% ../nbs/00_io.ipynb #f783b63e
+@contextmanager
+def _undo_on_error(folder, undo):
+    "Run `undo()` when the block raises, then re-raise (a failure on a full disk as `DiskFull` naming `folder`)."
+    try: yield
+    except BaseException as e:
+        full = disk_full_error(e, folder)
+        undo()
+        if full: raise full from e
+        raise
+
+# %% ../nbs/00_io.ipynb #457defb2
 def atomic_write_bytes(path, data: bytes, fsync: bool = True) -> Path:
     "Write `data` to `path` through a temporary file in the same directory renamed over it (an existing file is replaced)."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
-    try:
+    with _undo_on_error(path.parent, lambda: Path(tmp).unlink(missing_ok=True)):
         with os.fdopen(fd, 'wb') as f:
             f.write(data); f.flush()
             if fsync: os.fsync(f.fileno())   # the bytes are on disk before the name points at them
         os.replace(tmp, path)
-    except BaseException as e:
-        full = disk_full_error(e, path.parent)
-        Path(tmp).unlink(missing_ok=True)
-        if full: raise full from e
-        raise
     return path
 
 def atomic_write_text(path, text: str, fsync: bool = True) -> Path:
@@ -73,6 +81,7 @@ def shorten(v, n: int = 120) -> str:
     s = v if isinstance(v, str) else repr(v)
     return s if len(s) <= n else f"{s[:n]}... ({len(s)} characters)"
 
+# %% ../nbs/00_io.ipynb #10a9ad26
 def _loader():
     import yaml
     class NoAliasLoader(yaml.SafeLoader):
@@ -83,6 +92,7 @@ def _loader():
             return super().compose_node(parent, index)
     return NoAliasLoader
 
+# %% ../nbs/00_io.ipynb #c61d1048
 def load_yaml_text(text: str, where: str = 'YAML'):
     "Parse `text` like `yaml.safe_load`, refusing aliases; errors name `where` and quote at most 200 characters."
     import yaml
@@ -110,23 +120,24 @@ def _target(final, exists: str) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     return final
 
+# %% ../nbs/00_io.ipynb #a3c4a87a
+def _into_place(tmp: Path, final: Path, exists: str):
+    "Rename the written folder `tmp` to `final` as `exists` says."
+    if not final.exists(): os.replace(tmp, final)
+    elif exists == 'keep': shutil.rmtree(tmp)
+    elif exists == 'replace':
+        old = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.old', dir=final.parent))
+        os.replace(final, old/'x'); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
+    else: raise FileExistsError(f"{final} was created while it was being written; keeping that one. Choose another path.")
+
+# %% ../nbs/00_io.ipynb #fe02bdd1
 def atomic_dir(final, write, exists: str = 'error') -> Path:
     "Run `write(tmp)` on a fresh folder next to `final`, then rename it to `final`; see the table for `exists`."
     final = _target(final, exists)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.tmp', dir=final.parent))
-    try:
+    with _undo_on_error(final.parent, lambda: shutil.rmtree(tmp, ignore_errors=True)):
         write(tmp)
-        if not final.exists(): os.replace(tmp, final)
-        elif exists == 'keep': shutil.rmtree(tmp)
-        elif exists == 'replace':
-            old = Path(tempfile.mkdtemp(prefix=f'.{final.name}.', suffix='.old', dir=final.parent))
-            os.replace(final, old/'x'); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
-        else: raise FileExistsError(f"{final} was created while it was being written; keeping that one. Choose another path.")
-    except BaseException as e:
-        full = disk_full_error(e, final.parent)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if full: raise full from e
-        raise
+        _into_place(tmp, final, exists)
     return final
 
 # %% ../nbs/00_io.ipynb #8c8e135e
@@ -134,17 +145,13 @@ def atomic_file(final, write, exists: str = 'replace') -> Path:
     "Run `write(tmp_path)` and rename the file to `final`; `exists` as in `atomic_dir` (`'keep'` keeps the first)."
     final = _target(final, exists)
     fd, tmp = tempfile.mkstemp(prefix=f'.{final.name}.', suffix='.tmp', dir=final.parent); os.close(fd)
-    try:
+    with _undo_on_error(final.parent, lambda: Path(tmp).unlink(missing_ok=True)):
         write(Path(tmp))
         if exists == 'keep' and final.exists(): Path(tmp).unlink()
         else: os.replace(tmp, final)
-    except BaseException as e:
-        full = disk_full_error(e, final.parent)
-        Path(tmp).unlink(missing_ok=True)
-        if full: raise full from e
-        raise
     return final
 
+# %% ../nbs/00_io.ipynb #d8cc6e11
 def set_aside(path, suffix: str) -> Path:
     "Rename `path` to `path` + `suffix` (a damaged file kept for inspection), replacing an older one of that name."
     path = Path(path); dst = path.with_name(path.name + suffix)
@@ -163,12 +170,14 @@ def mark_output(folder, kind: str) -> Path:
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob('*') if not p.is_dir() and p.name != OUTPUT_MARKER)
     return write_json(folder/OUTPUT_MARKER, dict(format='wf_nb.output', kind=kind, files=files), fsync=False)
 
+# %% ../nbs/00_io.ipynb #335e47ac
 def _marked_files(folder: Path) -> set | None:
     "The files the marker in `folder` lists (None: no readable marker)."
     try: m = read_json(folder/OUTPUT_MARKER)
     except (OSError, ValueError): return None
     return set(m['files']) | {OUTPUT_MARKER} if isinstance(m, dict) and m.get('format') == 'wf_nb.output' and isinstance(m.get('files'), list) else None
 
+# %% ../nbs/00_io.ipynb #a9122b53
 def _is_run(d: Path) -> bool: return (d/'metadata.json').is_file() and not (d/OUTPUT_MARKER).exists()
 
 def _holds_runs(d: Path, limit: int = 10_000) -> bool:
@@ -198,21 +207,14 @@ def _refuse_runs(out: Path, flag: str):
             raise OutputError(f"{flag} {out} {'is' if a == o else 'is inside'} the {'run' if _is_run(a) else 'runs folder'} {a}; "
                               f"wf_nb never writes there. Choose an output outside it")
 
-def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | None = None, flag: str = '--out', also_ours=()) -> bool:
-    """Refuse an output wf_nb may not write or replace (see above); `protect`: `(name, path)` pairs. Returns whether
-    an existing output is to be replaced (False: `out` does not exist yet). `also_ours`: names of bookkeeping files wf_nb adds later."""
-    out = Path(out)
-    _refuse_protected(out, protect, flag)
-    if not out.exists() and not out.is_symlink(): return False
-    if not overwrite: raise OutputError(f"{flag} {out} already exists: choose another path, or pass --overwrite (overwrite=True) to replace an earlier wf_nb output")
-    _refuse_runs(out, flag)
-    if out.is_symlink(): raise OutputError(f"{flag} {out} is a symbolic link; wf_nb replaces only what it wrote. Choose another path")
-    if out.is_file():
-        with open(out, 'rb') as f: head = f.read(1 << 20)   # a GGUF's own keys come before its tokenizer
-        if file_mark and file_mark in head: return True
-        raise OutputError(f"{flag} {out} is a file wf_nb did not write (no wf_nb mark in it); --overwrite replaces only "
-                          f"wf_nb's own outputs. Move it away or choose another path")
-    if not out.is_dir(): raise OutputError(f"{flag} {out} exists and is neither a file nor a folder; choose another path")
+# %% ../nbs/00_io.ipynb #f0dac820
+def _ours_file(out: Path, file_mark: bytes | None, flag: str) -> bool:
+    with open(out, 'rb') as f: head = f.read(1 << 20)   # a GGUF's own keys come before its tokenizer
+    if file_mark and file_mark in head: return True
+    raise OutputError(f"{flag} {out} is a file wf_nb did not write (no wf_nb mark in it); --overwrite replaces only "
+                      f"wf_nb's own outputs. Move it away or choose another path")
+
+def _ours_dir(out: Path, flag: str, also_ours) -> bool:
     ours = _marked_files(out)
     if ours is None:
         if not any(out.iterdir()): return True                     # an empty folder
@@ -223,6 +225,20 @@ def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | No
                                 f"--overwrite never deletes them. Move them out or choose another path")
     return True
 
+# %% ../nbs/00_io.ipynb #a5fdd703
+def check_output(out, overwrite: bool = False, protect=(), file_mark: bytes | None = None, flag: str = '--out', also_ours=()) -> bool:
+    """Refuse an output wf_nb may not write or replace (see above); `protect`: `(name, path)` pairs. Returns whether
+    an existing output is to be replaced (False: `out` does not exist yet). `also_ours`: names of bookkeeping files wf_nb adds later."""
+    out = Path(out)
+    _refuse_protected(out, protect, flag)
+    if not out.exists() and not out.is_symlink(): return False
+    if not overwrite: raise OutputError(f"{flag} {out} already exists: choose another path, or pass --overwrite (overwrite=True) to replace an earlier wf_nb output")
+    _refuse_runs(out, flag)
+    if out.is_symlink(): raise OutputError(f"{flag} {out} is a symbolic link; wf_nb replaces only what it wrote. Choose another path")
+    if out.is_file(): return _ours_file(out, file_mark, flag)
+    if not out.is_dir(): raise OutputError(f"{flag} {out} exists and is neither a file nor a folder; choose another path")
+    return _ours_dir(out, flag, also_ours)
+
 # %% ../nbs/00_io.ipynb #58742fb1
 def sha256_file(path, bufsize: int = 1 << 20) -> str:
     "Hex SHA-256 of a file's bytes, read in `bufsize` chunks (checkpoints are gigabytes)."
@@ -231,6 +247,7 @@ def sha256_file(path, bufsize: int = 1 << 20) -> str:
         while chunk := f.read(bufsize): h.update(chunk)
     return h.hexdigest()
 
+# %% ../nbs/00_io.ipynb #990da452
 def sha256_files(paths, bufsize: int = 1 << 20) -> str:
     "One hex SHA-256 over several files, in name order: each file's name, then its bytes (a checkpoint's weights)."
     h = hashlib.sha256()
@@ -240,6 +257,7 @@ def sha256_files(paths, bufsize: int = 1 << 20) -> str:
             while chunk := f.read(bufsize): h.update(chunk)
     return h.hexdigest()
 
+# %% ../nbs/00_io.ipynb #6f82c734
 def sha256_json(obj, n: int | None = None) -> str:
     "Hex SHA-256 of `obj` as canonical JSON (sorted keys), its first `n` characters if given: a content fingerprint."
     h = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
