@@ -7,6 +7,7 @@ from __future__ import annotations
 import json, os, re, threading, time
 from pathlib import Path
 from typing import Callable
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['GPU_HOUR_USD', 'parse_gpus', 'gpu_prices', 'gpu_hour_price', 'GPUMonitor', 'gpu_monitor']
@@ -18,6 +19,7 @@ GPU_HOUR_USD: dict[str, dict[str, float]] = {   # per GPU-hour; on_demand / spot
     'L40S': {'on_demand': 1.50, 'spot': 0.70}, 'A10G': {'on_demand': 1.00, 'spot': 0.45},
     'L4': {'on_demand': 0.80, 'spot': 0.35}, 'T4': {'on_demand': 0.45, 'spot': 0.20}}
 
+# %% ../nbs/06d_gpus.ipynb #98eb5f3c
 def parse_gpus(spec: str) -> tuple[str, int]:
     "`'A100:4'` -> `('A100', 4)`; a bare type means one GPU."
     m = re.fullmatch(r'\s*([A-Za-z][A-Za-z0-9_.-]*)\s*(?::\s*(\d+))?\s*', str(spec or ''))
@@ -25,6 +27,17 @@ def parse_gpus(spec: str) -> tuple[str, int]:
         raise ValueError(f"GPU spec {spec!r} is not TYPE:COUNT; write it like A100:4, H100:8 or L4")
     return m.group(1), int(m.group(2) or 1)
 
+# %% ../nbs/06d_gpus.ipynb #1e0e2217
+def _price_entry(path, k, v, fix: str) -> dict[str, float]:
+    "One checked entry `{on_demand: USD, spot: USD}` (either may be missing) of the price file `path`."
+    from wf_nb.io import shorten
+    v = v if isinstance(v, dict) else {'on_demand': v}
+    bad = [(f, x) for f, x in v.items() if f not in ('on_demand', 'spot') or isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < 1e6]
+    if bad: raise ValueError(f"GPU price file {path} (WF_GPU_PRICES): {shorten(str(k), 40)}.{shorten(str(bad[0][0]), 40)} = "
+                             f"{shorten(repr(bad[0][1]), 40)}: give on_demand / spot as US dollars per GPU-hour; {fix}")
+    return {f: float(x) for f, x in v.items()}
+
+# %% ../nbs/06d_gpus.ipynb #ef2eb43d
 def gpu_prices(path=None) -> dict:
     "`GPU_HOUR_USD`, updated from the YAML/JSON file `path` (default `$WF_GPU_PRICES`)."
     from wf_nb.io import read_yaml, shorten
@@ -35,14 +48,10 @@ def gpu_prices(path=None) -> dict:
         try: extra = read_yaml(path)   # safe, no aliases, size-capped
         except (OSError, ValueError) as e: raise ValueError(f"GPU price file {path} (WF_GPU_PRICES): {shorten(str(e), 200)}; {fix}") from None
         if not isinstance(extra, dict): raise ValueError(f"GPU price file {path} (WF_GPU_PRICES) holds a {type(extra).__name__}; {fix}")
-        for k, v in extra.items():
-            v = v if isinstance(v, dict) else {'on_demand': v}
-            bad = [(f, x) for f, x in v.items() if f not in ('on_demand', 'spot') or isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < 1e6]
-            if bad: raise ValueError(f"GPU price file {path} (WF_GPU_PRICES): {shorten(str(k), 40)}.{shorten(str(bad[0][0]), 40)} = "
-                                     f"{shorten(repr(bad[0][1]), 40)}: give on_demand / spot as US dollars per GPU-hour; {fix}")
-            prices.setdefault(str(k), {}).update({f: float(x) for f, x in v.items()})
+        for k, v in extra.items(): prices.setdefault(str(k), {}).update(_price_entry(path, k, v, fix))
     return prices
 
+# %% ../nbs/06d_gpus.ipynb #0350741a
 def gpu_hour_price(spec: str, spot: bool = False, prices=None) -> float:
     "US dollars per hour for ONE GPU of `spec`'s type (0.0 if the type is not in the table)."
     kind, _ = parse_gpus(spec)
@@ -61,45 +70,55 @@ class GPUMonitor:
         nvml.nvmlInit()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
 
-    def sample(self) -> dict:
-        "One reading of every device, as a metrics record."
-        n, rec = self.nvml, {'step': self.step(), 'time': time.time()}
-        for i, h in enumerate(self.handles):
-            mem = n.nvmlDeviceGetMemoryInfo(h)
-            rec[f'gpu{i}/util'] = float(n.nvmlDeviceGetUtilizationRates(h).gpu)
-            rec[f'gpu{i}/mem_used_mb'], rec[f'gpu{i}/mem_total_mb'] = mem.used / 2**20, mem.total / 2**20
-            try: rec[f'gpu{i}/power_w'] = n.nvmlDeviceGetPowerUsage(h) / 1000   # milliwatts; not every board reports it
-            except Exception: pass
-        for k in ('util', 'mem_used_mb', 'mem_total_mb', 'power_w'):
-            vals = [rec[f'gpu{i}/{k}'] for i in range(len(self.handles)) if f'gpu{i}/{k}' in rec]
-            if vals: rec[f'gpu/{k}'] = sum(vals) / len(vals)
-        return rec
-
-    def check(self, rec: dict):
-        "Count samples under `low_util`; warn once when `patience` come in a row."
-        util = rec.get('gpu/util')
-        self.low_streak = self.low_streak + 1 if util is not None and util < self.low_util else 0
-        if self.low_streak == self.patience:
-            self.warnings += 1
-            self.log(f"warning: GPU utilisation under {self.low_util:g}% for {self.patience} samples (now {util:.0f}%): the "
-                     f"GPUs wait, most often on data loading; raise data.num_workers, pretokenize (`wf data tokenize`) or the batch size")
-
-    def tick(self):
-        rec = self.sample(); self.check(rec); self.emit(rec)
-
-    def _loop(self):
-        while not self._stop.wait(self.interval):
-            try: self.tick()
-            except Exception as e: self.log(f"GPU monitor stopped: {type(e).__name__}: {e}"); return   # never kills training
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._loop, name='wf-gpumon', daemon=True); self._thread.start(); return self
-    def __exit__(self, *a):
-        self._stop.set()
-        if self._thread is not None: self._thread.join()
-        try: self.nvml.nvmlShutdown()
+# %% ../nbs/06d_gpus.ipynb #9ffda5b7
+@patch
+def sample(self: GPUMonitor) -> dict:
+    "One reading of every device, as a metrics record."
+    n, rec = self.nvml, {'step': self.step(), 'time': time.time()}
+    for i, h in enumerate(self.handles):
+        mem = n.nvmlDeviceGetMemoryInfo(h)
+        rec[f'gpu{i}/util'] = float(n.nvmlDeviceGetUtilizationRates(h).gpu)
+        rec[f'gpu{i}/mem_used_mb'], rec[f'gpu{i}/mem_total_mb'] = mem.used / 2**20, mem.total / 2**20
+        try: rec[f'gpu{i}/power_w'] = n.nvmlDeviceGetPowerUsage(h) / 1000   # milliwatts; not every board reports it
         except Exception: pass
-        return False
+    for k in ('util', 'mem_used_mb', 'mem_total_mb', 'power_w'):
+        vals = [rec[f'gpu{i}/{k}'] for i in range(len(self.handles)) if f'gpu{i}/{k}' in rec]
+        if vals: rec[f'gpu/{k}'] = sum(vals) / len(vals)
+    return rec
+
+# %% ../nbs/06d_gpus.ipynb #43e418f1
+@patch
+def check(self: GPUMonitor, rec: dict):
+    "Count samples under `low_util`; warn once when `patience` come in a row."
+    util = rec.get('gpu/util')
+    self.low_streak = self.low_streak + 1 if util is not None and util < self.low_util else 0
+    if self.low_streak == self.patience:
+        self.warnings += 1
+        self.log(f"warning: GPU utilisation under {self.low_util:g}% for {self.patience} samples (now {util:.0f}%): the "
+                 f"GPUs wait, most often on data loading; raise data.num_workers, pretokenize (`wf data tokenize`) or the batch size")
+
+@patch
+def tick(self: GPUMonitor):
+    rec = self.sample(); self.check(rec); self.emit(rec)
+
+# %% ../nbs/06d_gpus.ipynb #810694bb
+@patch
+def _loop(self: GPUMonitor):
+    while not self._stop.wait(self.interval):
+        try: self.tick()
+        except Exception as e: self.log(f"GPU monitor stopped: {type(e).__name__}: {e}"); return   # never kills training
+
+@patch
+def __enter__(self: GPUMonitor):
+    self._thread = threading.Thread(target=self._loop, name='wf-gpumon', daemon=True); self._thread.start(); return self
+
+@patch
+def __exit__(self: GPUMonitor, *a):
+    self._stop.set()
+    if self._thread is not None: self._thread.join()
+    try: self.nvml.nvmlShutdown()
+    except Exception: pass
+    return False
 
 # %% ../nbs/06d_gpus.ipynb #a0ef4bfb
 class _NoMonitor:
@@ -113,7 +132,7 @@ def gpu_monitor(cfg, trainer, nvml=None, cuda: bool | None = None):
     if not (cuda and cfg.logging.gpu_interval > 0 and trainer.acc.is_main_process): return _NoMonitor()
     def emit(rec):
         with open(trainer.metrics_path, 'a') as f: f.write(json.dumps(rec) + '\n')
-        if trainer._wandb is not None: trainer._wandb.log({k: v for k, v in rec.items() if k.startswith('gpu')}, commit=False)
+        if trainer.wandb is not None: trainer.wandb.log({k: v for k, v in rec.items() if k.startswith('gpu')}, commit=False)
     try: return GPUMonitor(cfg.logging.gpu_interval, emit, step=lambda: trainer.step, nvml=nvml, log=trainer.log)
     except Exception as e:   # no nvidia-ml-py, or no driver: training goes on unmonitored
         trainer.log(f"GPU monitoring off ({type(e).__name__}: {e}); pip install nvidia-ml-py"); return _NoMonitor()
