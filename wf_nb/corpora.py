@@ -45,6 +45,7 @@ def python_docs_files() -> list[Path]:
     import sys
     return cached_texts(f'python_docs_{sys.version_info.major}{sys.version_info.minor}_v1', make)
 
+# %% ../nbs/00d_corpora.ipynb #f9e01c49
 def dialogue_files() -> list[Path]:
     "English conversations of PyPI `chatterbot-corpus` (`pip install --no-deps chatterbot-corpus`), one file per topic, turns alternating `A:` / `B:`."
     src = package_dir('chatterbot_corpus')/'data'/'english'
@@ -66,6 +67,7 @@ def dictd_number(s: str) -> int:
     for c in s.strip(): n = n * 64 + _B64.index(c)
     return n
 
+# %% ../nbs/00d_corpora.ipynb #891438c4
 def dictd_entries(name: str, pkg: str, every: int = 1) -> list[str]:
     "Every `every`-th entry of `/usr/share/dictd/NAME.dict.dz`, in index order."
     data = gzip.open(_need(f'/usr/share/dictd/{name}.dict.dz', pkg)).read()
@@ -77,6 +79,7 @@ def dictd_entries(name: str, pkg: str, every: int = 1) -> list[str]:
         out.append(data[dictd_number(o):dictd_number(o) + dictd_number(n)].decode('utf-8', 'replace').strip())
     return out
 
+# %% ../nbs/00d_corpora.ipynb #08ee9851
 def _groups(docs: list[str], size: int, stem: str) -> dict[str, str]:
     return {f'{stem}_{i // size:04d}.txt': '\n\n'.join(docs[i:i + size]) for i in range(0, len(docs), size)}
 
@@ -95,6 +98,7 @@ BASE_PACKAGES = ('apt', 'bash', 'coreutils', 'dpkg', 'findutils', 'grep', 'gzip'
 MAN_PAGES = ('ls', 'cp', 'mv', 'rm', 'chmod', 'grep', 'sed', 'tar', 'find', 'gzip', 'sort', 'uniq', 'cut', 'head', 'tail',
              'du', 'df', 'ps', 'kill', 'date', 'dpkg', 'apt-get', 'ln', 'touch', 'xargs', 'tr', 'wc', 'diff', 'mount', 'useradd')
 
+# %% ../nbs/00d_corpora.ipynb #d08ad3b8
 def fortunes_files() -> list[Path]:
     "Quotations and jokes from Debian's `fortunes` (the files in `FORTUNE_FILES`), one entry per paragraph."
     root = _need('/usr/share/games/fortunes', 'fortunes')
@@ -107,6 +111,7 @@ def fortunes_files() -> list[Path]:
         return out
     return cached_texts('fortunes_v1', make)
 
+# %% ../nbs/00d_corpora.ipynb #bc80d956
 def changelog_files(chars: int = 6000) -> list[Path]:
     "The latest `chars` characters of the Debian changelog of each base package installed (`BASE_PACKAGES`)."
     def make():
@@ -130,6 +135,7 @@ def manpage_files() -> list[Path]:
         return out
     return cached_texts('manpages_v1', make)
 
+# %% ../nbs/00d_corpora.ipynb #e16baebe
 def iso_codes_files() -> list[Path]:
     "ISO code lists as JSON (Debian `iso-codes`): countries, currencies, scripts, languages (ISO 639-2)."
     root = _need('/usr/share/iso-codes/json', 'iso-codes')
