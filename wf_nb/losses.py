@@ -20,12 +20,14 @@ def _shifted_valid(logits, labels, ignore_index=IGNORE_INDEX):
     valid = lb != ignore_index
     return lg[valid], lb[valid]          # gathers only the N scored rows (no copy of the full [B,S,V] logits)
 
+# %% ../nbs/01a_losses.ipynb #8d8311db
 def _hits(logits, tgt, ignore_index=IGNORE_INDEX):
     "How many scored positions have their label's logit the largest (top-1 hits; a tie for the largest counts as a hit)."
     # a max-reduction and a gather instead of argmax, which is 3-6x slower on CPU over a 49k vocabulary (~3% of a step)
     lab = logits.gather(-1, tgt.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return ((lab >= logits.amax(-1)) & (tgt != ignore_index)).sum()
 
+# %% ../nbs/01a_losses.ipynb #e55c58a3
 def _empty(t, *keep) -> dict:
     "A zero loss that keeps the graph of `t` (and of `keep`), with zero counts."
     z = t.sum() * 0.
@@ -43,6 +45,7 @@ def compiled_losses(enabled: bool = True):
     try: yield
     finally: _COMPILED.reset(token)
 
+# %% ../nbs/01a_losses.ipynb #f3ff5e43
 def _normal(x): return x.clone() if torch.is_tensor(x) and x.is_inference() else x
 
 def compilable(fn):
@@ -59,6 +62,7 @@ def compilable(fn):
         return compiled(*args, **kw)
     return run
 
+# %% ../nbs/01a_losses.ipynb #417329bb
 @compilable
 def ce_and_hits(logits, tgt, ignore_index: int = IGNORE_INDEX, reduction: str = 'sum'):
     "fp32 cross-entropy of `logits` `[..., V]` against `tgt` `[...]` (`reduction` 'sum' or 'none'), and its top-1 hits."
@@ -80,6 +84,7 @@ def lm_loss(logits, labels, ignore_index=IGNORE_INDEX, per_row: bool = False) ->
         ce, n_correct = ce_and_hits(rows, tgt)
     return dict(loss=ce / n, n_tokens=torch.tensor(n, device=logits.device), n_correct=n_correct)
 
+# %% ../nbs/01a_losses.ipynb #0335f555
 def _lm_loss_rows(logits, labels, ignore_index=IGNORE_INDEX) -> dict:
     "`lm_loss` from one per-token CE, plus each row's summed CE and scored-token count (a mixture's per-source loss)."
     lg, tgt = logits[:, :-1], labels[:, 1:]
@@ -93,6 +98,7 @@ def _chunk_ce(h, w, b, tgt):
     lg = (h @ w.T if b is None else F.linear(h, w, b)).float()
     return F.cross_entropy(lg, tgt, reduction='sum'), _hits(lg, tgt)
 
+# %% ../nbs/01a_losses.ipynb #12d1bd5d
 def chunked_lm_loss(hidden, weight, labels, chunk: int = 4096, bias=None, ignore_index=IGNORE_INDEX) -> dict:
     "`lm_loss(hidden @ weight.T + bias, labels)` computed `chunk` scored positions at a time, logits never stored."
     from torch.utils.checkpoint import checkpoint
