@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib, json, warnings
 from pathlib import Path
 import torch, torch.nn as nn
+from fastcore.basics import patch
 from peft import LoraConfig, inject_adapter_in_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora.layer import Linear as PeftLoraLinear
 from .quant import BitLinear, RMSNorm, bitlinears, shared_act_codes, act_quant, ste_quant, weight_codes, _IntLinear
@@ -31,23 +32,6 @@ class FrozenBitLinear(nn.Module):
         if self.rms_norm is not None: self.rms_norm.weight.requires_grad_(False)
         self.adapter_reads = 'float'   # what an adapter on this layer reads: float (the input x) | quant (the int8 input the base multiplies)
 
-    @classmethod
-    def from_bitlinear(cls, lin: BitLinear) -> 'FrozenBitLinear':
-        "The frozen integer form of a fully quantized (lam = 1) BitLinear."
-        if lin.haar: raise ValueError("LoRA on Haar BitLinear layers is not supported (quant.haar=true); use a model without Haar")
-        if lin.lam < 1 or not 0 < lin.act_bits <= 8:
-            raise ValueError(f"LoRA needs a fully quantized base (lam = 1, 1-8 activation bits); this layer has lam={lin.lam}, "
-                             f"act_bits={lin.act_bits}: finish the lambda warm-up (Stage 2) first")
-        norm = lin.rms_norm
-        m = cls(lin.in_features, lin.out_features, lin.bias is not None, lin.act_bits, None if norm is None else norm.variance_epsilon,
-                device=lin.weight.device, dtype=lin.weight.dtype)
-        with torch.no_grad():
-            q, s = weight_codes(lin.weight.detach())
-            m.weight.copy_(q); m.weight_scale.copy_(s)
-            if lin.bias is not None: m.bias.copy_(lin.bias.detach())
-            if norm is not None: m.rms_norm.weight.copy_(norm.weight.detach())
-        return m
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rms_norm is not None: x = self.rms_norm(x)
         dev = x.device.type
@@ -56,12 +40,33 @@ class FrozenBitLinear(nn.Module):
             xq, xs = shared_act_codes(x, self.act_bits)
             return _IntLinear.apply(x, self.weight, self.bias, xq, xs, self.weight, self.weight_scale, out_dtype)
 
-    def dequantized(self) -> torch.Tensor:
-        "The effective weight `codes / s` (fp32)."
-        return self.weight.float() / self.weight_scale
+# %% ../nbs/06f_lora.ipynb #3e809283
+@patch(cls_method=True)
+def from_bitlinear(cls: FrozenBitLinear, lin: BitLinear) -> FrozenBitLinear:
+    "The frozen integer form of a fully quantized (lam = 1) BitLinear."
+    if lin.haar: raise ValueError("LoRA on Haar BitLinear layers is not supported (quant.haar=true); use a model without Haar")
+    if lin.lam < 1 or not 0 < lin.act_bits <= 8:
+        raise ValueError(f"LoRA needs a fully quantized base (lam = 1, 1-8 activation bits); this layer has lam={lin.lam}, "
+                         f"act_bits={lin.act_bits}: finish the lambda warm-up (Stage 2) first")
+    norm = lin.rms_norm
+    m = cls(lin.in_features, lin.out_features, lin.bias is not None, lin.act_bits, None if norm is None else norm.variance_epsilon,
+            device=lin.weight.device, dtype=lin.weight.dtype)
+    with torch.no_grad():
+        q, s = weight_codes(lin.weight.detach())
+        m.weight.copy_(q); m.weight_scale.copy_(s)
+        if lin.bias is not None: m.bias.copy_(lin.bias.detach())
+        if norm is not None: m.rms_norm.weight.copy_(norm.weight.detach())
+    return m
 
-    def extra_repr(self):
-        return f'in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8 codes'
+# %% ../nbs/06f_lora.ipynb #37f47c27
+@patch
+def dequantized(self: FrozenBitLinear) -> torch.Tensor:
+    "The effective weight `codes / s` (fp32)."
+    return self.weight.float() / self.weight_scale
+
+@patch
+def extra_repr(self: FrozenBitLinear):
+    return f'in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8 codes'
 
 # %% ../nbs/06f_lora.ipynb #5aa6f7c2
 class LoraBitLinear(PeftLoraLinear):
@@ -78,9 +83,11 @@ class LoraBitLinear(PeftLoraLinear):
             result = result + (B(A(self.lora_dropout[a](xa.to(A.weight.dtype)))) * self.scaling[a]).to(result.dtype)
         return result
 
-    def merge(self, *args, **kwargs):
-        raise ValueError("a LoRA adapter cannot be merged into ternary codes in place: use wf_nb.lora.merge_requantize "
-                         "(merge and re-quantize to ternary) or serve base + adapter")
+# %% ../nbs/06f_lora.ipynb #55e02c4e
+@patch
+def merge(self: LoraBitLinear, *args, **kwargs):
+    raise ValueError("a LoRA adapter cannot be merged into ternary codes in place: use wf_nb.lora.merge_requantize "
+                     "(merge and re-quantize to ternary) or serve base + adapter")
 
 # %% ../nbs/06f_lora.ipynb #286acbe8
 TARGET_MODULES = {'q': 'q_proj', 'k': 'k_proj', 'v': 'v_proj', 'o': 'o_proj', 'gate': 'gate_proj', 'up': 'up_proj', 'down': 'down_proj'}
@@ -92,6 +99,7 @@ def lora_config(pc) -> LoraConfig:
     lc._register_custom_module({FrozenBitLinear: LoraBitLinear})
     return lc
 
+# %% ../nbs/06f_lora.ipynb #3ec87f4a
 def base_digest(model: nn.Module) -> str:
     "SHA256 over the base model's tensors (names, dtypes, shapes, bytes; adapters excluded): which base an adapter belongs to."
     h = hashlib.sha256()
@@ -112,6 +120,7 @@ def freeze_base(model: nn.Module) -> nn.Module:
     for p in model.parameters(): p.requires_grad_(False)
     return model
 
+# %% ../nbs/06f_lora.ipynb #09c608f9
 def add_lora(model: nn.Module, pc, seed: int | None = None) -> nn.Module:
     "Freeze `model` to its integer form and inject LoRA adapters as `pc` (`cfg.peft`) says; returns `model` (changed in place)."
     digest = base_digest(model)   # of the weights as loaded: independent of the quantizer's code path (compiled or eager)
@@ -127,6 +136,7 @@ def add_lora(model: nn.Module, pc, seed: int | None = None) -> nn.Module:
     model.wf_checkpoint_keys = frozenset(n for n, p in model.named_parameters() if p.requires_grad)
     return model
 
+# %% ../nbs/06f_lora.ipynb #f35ab40c
 def trainable_share(model: nn.Module) -> dict:
     "Trainable parameters against all weights (parameters and the base's code buffers)."
     tr = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -151,15 +161,29 @@ def save_adapter(model: nn.Module, out_dir, base=None, overwrite: bool = False, 
         (tmp/ADAPTER_JSON).write_text(json.dumps(meta, indent=2, default=str))
     return atomic_dir(Path(out_dir), write, exists='replace' if overwrite else 'error')
 
+# %% ../nbs/06f_lora.ipynb #c659f8a1
 def is_adapter_dir(path) -> bool: return (Path(path)/ADAPTER_JSON).is_file() and (Path(path)/'adapter_model.safetensors').is_file()
 
+def _adapter_meta(adapter_dir: Path) -> dict:
+    if not is_adapter_dir(adapter_dir): raise FileNotFoundError(f"{adapter_dir} is not an adapter folder wf_nb wrote (no {ADAPTER_JSON} + adapter_model.safetensors)")
+    return json.loads((adapter_dir/ADAPTER_JSON).read_text())
+
+# %% ../nbs/06f_lora.ipynb #98dd7410
+def _load_adapter_tensors(model: nn.Module, adapter_dir: Path):
+    from safetensors.torch import load_file
+    sd = {k.removeprefix('base_model.model.'): v for k, v in load_file(str(adapter_dir/'adapter_model.safetensors')).items()}
+    res = set_peft_model_state_dict(model, sd)
+    expected = {k.replace('.default.', '.') for k in model.wf_checkpoint_keys}
+    if set(sd) != expected or getattr(res, 'unexpected_keys', None):
+        raise ValueError(f"{adapter_dir}: the adapter does not match this model (missing {sorted(expected - set(sd))[:3]}, "
+                         f"unexpected {sorted(set(sd) - expected)[:3]})")
+
+# %% ../nbs/06f_lora.ipynb #1c5d31fa
 def load_adapter(base, adapter_dir, check_digest: bool = True) -> nn.Module:
     "The base model (a module, or a checkpoint folder for `wf_nb.load`) frozen, with the adapter in `adapter_dir` loaded strictly."
     from types import SimpleNamespace
-    from safetensors.torch import load_file
     adapter_dir = Path(adapter_dir)
-    if not is_adapter_dir(adapter_dir): raise FileNotFoundError(f"{adapter_dir} is not an adapter folder wf_nb wrote (no {ADAPTER_JSON} + adapter_model.safetensors)")
-    meta = json.loads((adapter_dir/ADAPTER_JSON).read_text())
+    meta = _adapter_meta(adapter_dir)
     if not isinstance(base, nn.Module):
         from wf_nb.convert import load
         base = load(base)
@@ -168,12 +192,7 @@ def load_adapter(base, adapter_dir, check_digest: bool = True) -> nn.Module:
     if check_digest and meta.get('base_digest') and meta['base_digest'] != model.wf_base_digest:
         raise ValueError(f"{adapter_dir} was trained on another base (digest {meta['base_digest'][:12]}, this base {model.wf_base_digest[:12]}); "
                          f"load it on the base it names ({meta.get('base')})")
-    sd = {k.removeprefix('base_model.model.'): v for k, v in load_file(str(adapter_dir/'adapter_model.safetensors')).items()}
-    res = set_peft_model_state_dict(model, sd)
-    expected = {k.replace('.default.', '.') for k in model.wf_checkpoint_keys}
-    if set(sd) != expected or getattr(res, 'unexpected_keys', None):
-        raise ValueError(f"{adapter_dir}: the adapter does not match this model (missing {sorted(expected - set(sd))[:3]}, "
-                         f"unexpected {sorted(set(sd) - expected)[:3]})")
+    _load_adapter_tensors(model, adapter_dir)
     return model.eval()
 
 # %% ../nbs/06f_lora.ipynb #6f163b78
@@ -190,6 +209,17 @@ def hf_peft_model(export_dir, adapter_dir, dtype=torch.float32):
         return PeftModel.from_pretrained(model, str(adapter_dir), config=lc).eval()
 
 # %% ../nbs/06f_lora.ipynb #25a13cb6
+def _merged_bitlinear(base: FrozenBitLinear, w: torch.Tensor) -> BitLinear:
+    "A BitLinear (lam = 1) with latent weight `w` and `base`'s bias, activation bits and fused norm."
+    norm = base.rms_norm
+    lin = BitLinear(base.in_features, base.out_features, bias=base.bias is not None, act_bits=base.act_bits,
+                    norm_eps=None if norm is None else norm.variance_epsilon, device=w.device, dtype=base.dequantized().dtype)
+    lin.weight.copy_(w)
+    if base.bias is not None: lin.bias.copy_(base.bias)
+    if norm is not None: lin.rms_norm.weight.copy_(norm.weight)
+    return lin
+
+# %% ../nbs/06f_lora.ipynb #7fee5416
 @torch.no_grad()
 def merge_requantize(model: nn.Module) -> nn.Module:
     "Fold each adapter into its layer and re-quantize: every `LoraBitLinear` (and bare `FrozenBitLinear`) -> a BitLinear at lam = 1 (in place)."
@@ -201,13 +231,7 @@ def merge_requantize(model: nn.Module) -> nn.Module:
                 if a in mod.lora_A: w += mod.scaling[a] * (mod.lora_B[a].weight.float() @ mod.lora_A[a].weight.float())
         elif isinstance(mod, FrozenBitLinear) and not n.endswith('base_layer'): base, w = mod, mod.dequantized()
         else: continue
-        norm = base.rms_norm
-        lin = BitLinear(base.in_features, base.out_features, bias=base.bias is not None, act_bits=base.act_bits,
-                        norm_eps=None if norm is None else norm.variance_epsilon, device=w.device, dtype=base.dequantized().dtype)
-        lin.weight.copy_(w)
-        if base.bias is not None: lin.bias.copy_(base.bias)
-        if norm is not None: lin.rms_norm.weight.copy_(norm.weight)
-        model.set_submodule(n, lin)
+        model.set_submodule(n, _merged_bitlinear(base, w))
     for attr in ('wf_peft', 'wf_base_digest', 'wf_checkpoint_keys'):
         if hasattr(model, attr): delattr(model, attr)
     return model
@@ -227,32 +251,41 @@ def _layer_scales(base) -> dict:
         elif isinstance(getattr(m, 'weight_scale', None), torch.Tensor): out[n.removesuffix('.base_layer')] = float(m.weight_scale)
     return out
 
-def export_lora_gguf(adapter_dir, path, base=None, arch: str = 'bitnet', ffn_scale_after_lora: bool = True, overwrite: bool = False) -> dict:
-    "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32); returns `{gguf name: shape}`."
-    import re, gguf, numpy as np
-    if ffn_scale_after_lora and base is None:
-        raise ValueError("export_lora_gguf: llama.cpp's bitnet graph scales the gate/up LoRA terms by the layer's weight scale; "
-                         "pass base= (the model or folder the adapter was trained on) to undo it, or ffn_scale_after_lora=False")
-    scales = _layer_scales(base) if ffn_scale_after_lora else {}
-    from safetensors.torch import load_file
-    from wf_nb.io import atomic_file
-    adapter_dir, path = Path(adapter_dir), Path(path)
-    if path.exists() and not overwrite: raise FileExistsError(f"{path} already exists: choose another path or pass overwrite=True")
-    lc = json.loads((adapter_dir/'adapter_config.json').read_text())
-    sd = load_file(str(adapter_dir/'adapter_model.safetensors'))
+# %% ../nbs/06f_lora.ipynb #31cfb049
+def _gguf_lora_tensors(sd: dict, adapter_dir, scales: dict | None = None) -> dict:
+    "`{gguf name: f32 array}` for the PEFT adapter state dict `sd`."
+    import re
     tensors = {}
     for k, v in sorted(sd.items()):
         m = re.search(r'\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$', k)
         if m is None or m.group(2) not in GGUF_LORA_NAMES: raise ValueError(f"{adapter_dir}: tensor {k} has no llama.cpp name")
         a = v.float().numpy()
-        if ffn_scale_after_lora and m.group(2) in ('gate_proj', 'up_proj') and m.group(3) == 'B':   # llama.cpp: (codes x + BAx) / s
+        if scales is not None and m.group(2) in ('gate_proj', 'up_proj') and m.group(3) == 'B':   # llama.cpp: (codes x + BAx) / s
             a = a * scales[f"model.layers.{m.group(1)}.mlp.{m.group(2)}"]
         tensors[f"blk.{m.group(1)}.{GGUF_LORA_NAMES[m.group(2)]}.weight.lora_{m.group(3).lower()}"] = a
-    def write(tmp):
-        w = gguf.GGUFWriter(str(tmp), arch)
-        w.add_type(gguf.GGUFType.ADAPTER); w.add_string(gguf.Keys.Adapter.TYPE, 'lora')
-        w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(lc['lora_alpha']))
-        for n, a in tensors.items(): w.add_tensor(n, np.ascontiguousarray(a))
-        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    atomic_file(path, write)
+    return tensors
+
+# %% ../nbs/06f_lora.ipynb #13f1a82d
+def _write_lora_gguf(tmp, arch: str, alpha: float, tensors: dict):
+    import gguf, numpy as np
+    w = gguf.GGUFWriter(str(tmp), arch)
+    w.add_type(gguf.GGUFType.ADAPTER); w.add_string(gguf.Keys.Adapter.TYPE, 'lora')
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+    for n, a in tensors.items(): w.add_tensor(n, np.ascontiguousarray(a))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
+# %% ../nbs/06f_lora.ipynb #7940e350
+def export_lora_gguf(adapter_dir, path, base=None, arch: str = 'bitnet', ffn_scale_after_lora: bool = True, overwrite: bool = False) -> dict:
+    "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32); returns `{gguf name: shape}`."
+    if ffn_scale_after_lora and base is None:
+        raise ValueError("export_lora_gguf: llama.cpp's bitnet graph scales the gate/up LoRA terms by the layer's weight scale; "
+                         "pass base= (the model or folder the adapter was trained on) to undo it, or ffn_scale_after_lora=False")
+    scales = _layer_scales(base) if ffn_scale_after_lora else None
+    from safetensors.torch import load_file
+    from wf_nb.io import atomic_file
+    adapter_dir, path = Path(adapter_dir), Path(path)
+    if path.exists() and not overwrite: raise FileExistsError(f"{path} already exists: choose another path or pass overwrite=True")
+    lc = json.loads((adapter_dir/'adapter_config.json').read_text())
+    tensors = _gguf_lora_tensors(load_file(str(adapter_dir/'adapter_model.safetensors')), adapter_dir, scales)
+    atomic_file(path, lambda tmp: _write_lora_gguf(tmp, arch, lc['lora_alpha'], tensors))
     return {n: a.shape for n, a in tensors.items()}
