@@ -7,9 +7,9 @@ from __future__ import annotations
 import io, json, os, shlex, subprocess, sys, time
 from pathlib import Path
 from matplotlib.figure import Figure
-from .config import get_config, fingerprint, git_info
-from .registry import (Run, RunExistsError, RunLockedError, default_runs_dir, get_run, list_runs, lock_holder, run_dir_in, run_output,
-                   run_id_for, run_logs, cancel_run, _last_metrics)
+from fastcore.basics import patch
+from .registry import (Run, RunExistsError, RunLockedError, Status, cancel_run, default_runs_dir, get_run, list_runs, lock_holder,
+                            read_metrics, resolve_run, run_logs, run_output, train_argv, train_config, _last_metrics)
 
 # %% auto #0
 __all__ = ['STANDARD_KEYS', 'in_notebook', 'stage_terms', 'CurvesFigure', 'curves_figure', 'LivePlot', 'live_plot', 'train',
@@ -35,6 +35,7 @@ def stage_terms(records) -> list[str]:
             if k not in STANDARD_KEYS and not k.startswith('loss/') and isinstance(v, (int, float)) and not isinstance(v, bool): keys[k] = None
     return list(keys)
 
+# %% ../nbs/11a_jupyter.ipynb #f1c996dc
 def _png(fig, dpi=72) -> bytes:
     buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=dpi); return buf.getvalue()
 
@@ -42,35 +43,44 @@ class CurvesFigure(Figure):
     "A matplotlib Figure that Jupyter shows as a PNG whatever the backend (inline, agg, widget)."
     def _repr_png_(self): return _png(self, dpi=80)
 
+def _figure(panels: list, pyplot: bool) -> dict:
+    "`{panel: axes}`, side by side, of a new figure."
+    size = (3.6 * len(panels), 3.2)
+    if pyplot: import matplotlib.pyplot as plt; fig = plt.figure(figsize=size, FigureClass=CurvesFigure)
+    else: fig = Figure(figsize=size)
+    return dict(zip(panels, fig.subplots(1, len(panels), squeeze=False)[0]))
+
+def _moving_average(xs: list, k: int) -> list:
+    return xs if k <= 1 else [sum(xs[max(0, i - k + 1):i + 1]) / len(xs[max(0, i - k + 1):i + 1]) for i in range(len(xs))]
+
+# %% ../nbs/11a_jupyter.ipynb #51872c82
+def _draw_run(axs: dict, recs: list, terms: list, c: str, pre: str, smooth: int, several: bool):
+    tr, va = [r for r in recs if 'loss' in r], [r for r in recs if 'val_loss' in r]
+    if tr:
+        st = [r['step'] for r in tr]
+        axs['loss'].plot(st, _moving_average([r['loss'] for r in tr], smooth), color=c, label=f'{pre}train')
+        for j, t in enumerate(terms):
+            pts = [(r['step'], r[t]) for r in tr if isinstance(r.get(t), (int, float))]
+            if pts: axs['terms'].plot(*zip(*pts), color=c if several else f'C{j}', ls=['-', '--', ':', '-.'][j % 4], label=f'{pre}{t}')
+        axs['lr'].plot(st, [r['lr'] for r in tr], color=c, label=f'{pre}lr')
+        lam = [(r['step'], r['lambda']) for r in tr if isinstance(r.get('lambda'), (int, float))]
+        if lam and len({v for _, v in lam}) > 1: axs['lr'].twinx().plot(*zip(*lam), color=c, ls=':', label=f'{pre}lambda')
+        axs['tokens / s'].plot(st, [r.get('tokens_per_s') or 0 for r in tr], color=c)
+    if va: axs['loss'].plot([r['step'] for r in va], [r['val_loss'] for r in va], 'o--', color=c, label=f'{pre}val (CE)')
+
+# %% ../nbs/11a_jupyter.ipynb #f2d51773
 def curves_figure(runs: dict, smooth: int = 1, title: str = '', pyplot: bool = False):
     """A matplotlib `Figure` of metric records, one line per run (`{name: records}`), panels side by side: loss (and
     validation loss), the stage's own terms (when any run logs some), learning rate (and the quantization strength lambda)
     and tokens/s. A bare `Figure` (no pyplot, no GUI backend needed) unless `pyplot`."""
     terms = list(dict.fromkeys(t for recs in runs.values() for t in stage_terms(recs)))
-    panels = ['loss'] + (['terms'] if terms else []) + ['lr', 'tokens / s']
-    size = (3.6 * len(panels), 3.2)
-    if pyplot: import matplotlib.pyplot as plt; fig = plt.figure(figsize=size, FigureClass=CurvesFigure)
-    else: fig = Figure(figsize=size)
-    axs = dict(zip(panels, fig.subplots(1, len(panels), squeeze=False)[0]))
-    ma = lambda xs: xs if smooth <= 1 else [sum(xs[max(0, i - smooth + 1):i + 1]) / len(xs[max(0, i - smooth + 1):i + 1]) for i in range(len(xs))]
-    several = len(runs) > 1
+    axs = _figure(['loss'] + (['terms'] if terms else []) + ['lr', 'tokens / s'], pyplot)
     for i, (name, recs) in enumerate(runs.items()):
-        tr, va = [r for r in recs if 'loss' in r], [r for r in recs if 'val_loss' in r]
-        c, pre = f'C{i}', (f'{name} ' if several else '')
-        if tr:
-            st = [r['step'] for r in tr]
-            axs['loss'].plot(st, ma([r['loss'] for r in tr]), color=c, label=f'{pre}train')
-            for j, t in enumerate(terms):
-                pts = [(r['step'], r[t]) for r in tr if isinstance(r.get(t), (int, float))]
-                if pts: axs['terms'].plot(*zip(*pts), color=c if several else f'C{j}', ls=['-', '--', ':', '-.'][j % 4], label=f'{pre}{t}')
-            axs['lr'].plot(st, [r['lr'] for r in tr], color=c, label=f'{pre}lr')
-            lam = [(r['step'], r['lambda']) for r in tr if isinstance(r.get('lambda'), (int, float))]
-            if lam and len({v for _, v in lam}) > 1: axs['lr'].twinx().plot(*zip(*lam), color=c, ls=':', label=f'{pre}lambda')
-            axs['tokens / s'].plot(st, [r.get('tokens_per_s') or 0 for r in tr], color=c)
-        if va: axs['loss'].plot([r['step'] for r in va], [r['val_loss'] for r in va], 'o--', color=c, label=f'{pre}val (CE)')
+        _draw_run(axs, recs, terms, f'C{i}', f'{name} ' if len(runs) > 1 else '', smooth, len(runs) > 1)
     for t, ax in axs.items():
         ax.set_title(t if t != 'loss' or smooth <= 1 else f'loss (moving average {smooth})', fontsize=10); ax.set_xlabel('step')
         if ax.get_legend_handles_labels()[0] and t in ('loss', 'terms'): ax.legend(fontsize=7)
+    fig = next(iter(axs.values())).figure
     if title: fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -82,34 +92,47 @@ class LivePlot:
     def __init__(self, title='', every: float = 2.0, display=None):
         self.title, self.every, self.records, self.handle, self.last, self.draws, self.total = title, every, [], None, None, 0, None
         self._display = display   # for tests: a function(obj, display_id=True) -> handle with .update(obj)
-    def __call__(self, trainer, record): self.total = trainer.max_steps; self.update(record)   # as a Trainer reporter
     def update(self, record=None, force=False):
         if record is not None: self.records.append(record)
         if not any('loss' in r for r in self.records): return
         if not force and self.last is not None and time.monotonic() - self.last < self.every: return   # the first record always draws
         self.show(); self.last = time.monotonic()
-    def png(self) -> bytes:
-        step = max((r['step'] for r in self.records if 'loss' in r), default=0)
-        return _png(curves_figure({self.title: self.records}, title=f"{self.title}: step {step}{f'/{self.total}' if self.total else ''}"))
-    def show(self):
-        from IPython.display import Image, display
-        img = Image(data=self.png(), format='png')
-        if self.handle is None: self.handle = (self._display or display)(img, display_id=True)
-        else: self.handle.update(img)
-        self.draws += 1
     def close(self): self.update(force=True)   # the final curves, whatever the throttle
 
+# %% ../nbs/11a_jupyter.ipynb #2943f75b
+@patch
+def png(self: LivePlot) -> bytes:
+    step = max((r['step'] for r in self.records if 'loss' in r), default=0)
+    return _png(curves_figure({self.title: self.records}, title=f"{self.title}: step {step}{f'/{self.total}' if self.total else ''}"))
+
+@patch
+def show(self: LivePlot):
+    from IPython.display import Image, display
+    img = Image(data=self.png(), format='png')
+    if self.handle is None: self.handle = (self._display or display)(img, display_id=True)
+    else: self.handle.update(img)
+    self.draws += 1
+
+# %% ../nbs/11a_jupyter.ipynb #37243316
+@patch
+def after_record(self: LivePlot, trainer, record: dict): self.total = trainer.max_steps; self.update(record)
+
+@patch
+def callback(self: LivePlot):
+    "This plot as a Trainer callback: a `wf_nb.callbacks.Callback` whose `after_record` feeds it."
+    from wf_nb.callbacks import Callback
+    cb = Callback(); cb.after_record = self.after_record
+    return cb
+
+# %% ../nbs/11a_jupyter.ipynb #8168034b
 class live_plot:
-    "Context manager: while active, every `Trainer` in this process reports its metric records to a `LivePlot` (in Jupyter only)."
+    "Context manager: a `LivePlot` (the value of `with`), shown in Jupyter only; pass `callbacks` to the Trainer or `run_stage` it follows."
     def __init__(self, title='', enabled=None, **kw): self.plot, self.enabled = LivePlot(title, **kw), in_notebook() if enabled is None else enabled
-    def __enter__(self):
-        from wf_nb.trainer import Trainer
-        if self.enabled: Trainer.reporters.append(self.plot)
-        return self.plot
+    @property
+    def callbacks(self) -> list: return [self.plot.callback()] if self.enabled else []
+    def __enter__(self): return self.plot
     def __exit__(self, *exc):
-        from wf_nb.trainer import Trainer
-        if self.plot in Trainer.reporters:
-            Trainer.reporters.remove(self.plot); self.plot.close()
+        if self.enabled: self.plot.close()
         return False
 
 # %% ../nbs/11a_jupyter.ipynb #76374744
@@ -117,27 +140,22 @@ _PROCS: dict[str, subprocess.Popen] = {}   # run id -> the background `wf train`
 
 def _runs_dir(runs_dir) -> Path: return Path(runs_dir or default_runs_dir())
 
-def _argv(model, stage, scale, overrides, runs_dir, skip_recovery) -> list[str]:
-    "The `wf train` arguments of a `train(...)` call."
-    return ['train', *(['-m', str(model)] if model else []), '-s', str(stage), '--runs-dir', str(runs_dir),
-            *(['--scale', scale] if scale else []), *(['--skip-recovery'] if skip_recovery else []), *map(str, overrides)]
-
-def _resolve(model, stage, scale, overrides):
-    "The config `wf train` would run, and its run id (before any `--skip-recovery` suffix)."
+def _resolve(model, stage, scale, overrides, runs_dir=None) -> tuple:
+    "The config `wf train` would run, its overrides (a list), and its run in `runs_dir` (before any `--skip-recovery` suffix)."
     if isinstance(overrides, str): overrides = shlex.split(overrides)
-    cfg = get_config(list(overrides), stage=str(stage), model=model)
-    if scale: cfg.distributed.scale = scale
-    return cfg, list(overrides), run_id_for(cfg, fingerprint(cfg, git_info()['commit']))
+    cfg = train_config(model, stage, overrides, scale)
+    return cfg, list(overrides), resolve_run(cfg, runs_dir)
 
+# %% ../nbs/11a_jupyter.ipynb #a7d4fff8
 def _check_existing(run: Run):
     "Refuse as `wf train` would: a COMPLETED run (nothing to do) or one another process is training (its lock is held)."
     st = run.status
-    if st == 'COMPLETED':
+    if st == Status.COMPLETED:
         raise RunExistsError(f"run {run.id} already COMPLETED (output: {run_output(run)}); nothing to do. "
                              f"Use skip_recovery=True to train a fresh run, or change the config.", run, st)
-    if st == 'RUNNING' and (pid := lock_holder(run.dir)):
+    if st == Status.RUNNING and (pid := lock_holder(run.dir)):
         raise RunLockedError(f"run {run.id} is being trained by process {pid} on this machine (it holds {run.dir/'.lock'}); "
-                             f"wait for it (`wf_nb.wait('{run.id}')`), or stop it with `wf_nb.cancel('{run.id}')`", run, 'RUNNING')
+                             f"wait for it (`wf_nb.wait('{run.id}')`), or stop it with `wf_nb.cancel('{run.id}')`", run, Status.RUNNING)
 
 # %% ../nbs/11a_jupyter.ipynb #0b4074d0
 def _spawn(argv, runs_dir, rid) -> subprocess.Popen:
@@ -162,55 +180,53 @@ def _new_run_of(proc, runs_dir, rid, before, timeout=600.0) -> str:
     return rid
 
 # %% ../nbs/11a_jupyter.ipynb #521b0bbc
+def _background(argv, runs_dir: Path, rid: str, skip_recovery: bool) -> str:
+    "Start `wf <argv>` in the background (refused while this kernel's earlier start of the same run still runs); the run id."
+    if not skip_recovery and (old := _PROCS.get(rid)) is not None and old.poll() is None:   # still importing: no lock on disk yet
+        raise RunExistsError(f"run {rid} is already running in the background (pid {old.pid}), started from this kernel; wf_nb.wait('{rid}')", None, Status.RUNNING)
+    before = {p.name for p in runs_dir.glob(f'{rid}-*')}
+    proc = _spawn(argv, runs_dir, rid)
+    if skip_recovery: rid = _new_run_of(proc, runs_dir, rid, before)
+    _PROCS[rid] = proc
+    return rid
+
+# %% ../nbs/11a_jupyter.ipynb #932cfa64
+def _in_kernel(cfg, rid: str, runs_dir: Path, skip_recovery: bool) -> str:
+    "Run the stage in this kernel with live curves (in Jupyter); the run id."
+    from wf_nb.stages import run_stage
+    if in_notebook(): cfg.logging.progress = False   # the live curves replace the text bar (not part of the fingerprint)
+    lp = live_plot(f'{rid} (stage {cfg.stage})')
+    with lp: res = run_stage(cfg, runs_dir=runs_dir, skip_recovery=skip_recovery, callbacks=lp.callbacks)
+    if res['status'] != Status.COMPLETED: print(f"run {res['run_id']} {res['status']} at step {res.get('step')}; the same call resumes it")
+    return res['run_id']
+
+# %% ../nbs/11a_jupyter.ipynb #517a08a7
 def train(model=None, stage='1', scale=None, overrides=(), detach=True, runs_dir=None, skip_recovery=False) -> str:
     """Run a stage as `wf train -m MODEL -s STAGE [--scale S] [--skip-recovery] OVERRIDES...` does, and return its run id.
     `detach=True`: the same `wf train` command in a background process, returned from at once (`wait`, `logs`, `cancel`).
     `detach=False`: in this kernel, with live curves in Jupyter (several processes: `accelerate launch` in a subprocess,
     its output streamed here). The same call again resumes an unfinished run; a COMPLETED one is not retrained."""
     runs_dir = _runs_dir(runs_dir)
-    cfg, overrides, rid = _resolve(model, stage, scale, overrides)   # a bad config fails here, in the kernel
-    argv = _argv(model, cfg.stage, scale, overrides, runs_dir, skip_recovery)
-    if not skip_recovery and (runs_dir/rid/'metadata.json').exists():
-        try: _check_existing(Run(run_dir_in(runs_dir, rid)))
+    cfg, overrides, run = _resolve(model, stage, scale, overrides, runs_dir)   # a bad config fails here, in the kernel
+    if not skip_recovery and run.meta_path.exists():
+        try: _check_existing(run)
         except RunExistsError as e:
-            if e.status != 'COMPLETED': raise                                   # `wf train` exits 1
-            print(f"wf train: {e}", file=sys.stderr); return rid               # `wf train` exits 0: nothing to do
+            if e.status != Status.COMPLETED: raise                              # `wf train` exits 1
+            print(f"wf train: {e}", file=sys.stderr); return run.id            # `wf train` exits 0: nothing to do
     from wf_nb.launch import num_processes
-    if detach or num_processes(cfg) > 1:
-        if not skip_recovery and (old := _PROCS.get(rid)) is not None and old.poll() is None:   # still importing: no lock on disk yet
-            raise RunExistsError(f"run {rid} is already running in the background (pid {old.pid}), started from this kernel; wf_nb.wait('{rid}')", None, 'RUNNING')
-        before = {p.name for p in runs_dir.glob(f'{rid}-*')}
-        proc = _spawn(argv, runs_dir, rid)
-        if skip_recovery: rid = _new_run_of(proc, runs_dir, rid, before)
-        _PROCS[rid] = proc
-        if detach: print(f"run {rid} started in the background (pid {proc.pid}); wf_nb.wait('{rid}'), wf_nb.logs('{rid}')"); return rid
-        res = wait(rid, runs_dir, follow=True)
-        if res['status'] != 'COMPLETED': raise RuntimeError(f"run {rid} ended {res['status']} (exit code {res.get('returncode')}); wf_nb.logs('{rid}')")
-        return rid
-    from wf_nb.stages import run_stage
-    from wf_nb.trainer import _Stop
-    _Stop.last_signal = None
-    if in_notebook(): cfg.logging.progress = False   # the live curves replace the text bar (not part of the fingerprint)
-    with live_plot(f'{rid} (stage {cfg.stage})'):
-        res = run_stage(cfg, runs_dir=runs_dir, skip_recovery=skip_recovery)
-    if res['status'] != 'COMPLETED': print(f"run {res['run_id']} {res['status']} at step {res.get('step')}; the same call resumes it")
-    return res['run_id']
+    if not detach and num_processes(cfg) <= 1: return _in_kernel(cfg, run.id, runs_dir, skip_recovery)
+    rid = _background(train_argv(model, cfg.stage, overrides, scale, runs_dir, skip_recovery), runs_dir, run.id, skip_recovery)
+    if detach: print(f"run {rid} started in the background (pid {_PROCS[rid].pid}); wf_nb.wait('{rid}'), wf_nb.logs('{rid}')"); return rid
+    res = wait(rid, runs_dir, follow=True)
+    if res['status'] != Status.COMPLETED: raise RuntimeError(f"run {rid} ended {res['status']} (exit code {res.get('returncode')}); wf_nb.logs('{rid}')")
+    return rid
 
 # %% ../nbs/11a_jupyter.ipynb #cf61694f
-def _records(path) -> list[dict]:
-    "The JSON records of a metrics.jsonl (lines cut by a crash are skipped)."
-    out = []
-    if not Path(path).exists(): return out
-    for line in Path(path).read_text(errors='replace').splitlines():
-        try: r = json.loads(line)
-        except json.JSONDecodeError: continue
-        if isinstance(r, dict): out.append(r)
-    return out
-
 def _find(rid, runs_dir):
     try: return get_run(rid, runs_dir)
     except KeyError: return None
 
+# %% ../nbs/11a_jupyter.ipynb #536a72fe
 def wait(run, runs_dir=None, timeout: float | None = None, follow: bool = False, poll: float = 0.5) -> dict:
     """Block until `run` (an id, id prefix or run folder) ends, and return its result as `run_stage` does (`status`, `step`,
     `first_loss`, `last_loss`, ..., `run_id`, `run_dir`, `output`; `returncode` when this kernel started it).
@@ -220,12 +236,12 @@ def wait(run, runs_dir=None, timeout: float | None = None, follow: bool = False,
     plot, seen, t0 = LivePlot(rid) if follow and in_notebook() else None, 0, time.monotonic()
     while True:
         r = _find(rid, runs_dir)
-        done = proc.poll() is not None if proc is not None else (r is None or r.status != 'RUNNING')
+        done = proc.poll() is not None if proc is not None else (r is None or r.status != Status.RUNNING)
         if follow and log.exists():
             with open(log, 'rb') as f: f.seek(pos); chunk = f.read(); pos += len(chunk)
             if chunk: print(chunk.decode(errors='replace'), end='', flush=True)
         if plot is not None and r is not None:
-            recs = _records(r.metrics_path)
+            recs = read_metrics(r)
             for rec in recs[seen:]: plot.update(rec)
             seen = len(recs)
         if done: break
@@ -256,8 +272,9 @@ def runs(runs_dir=None):
 def metrics(run, runs_dir=None):
     "A run's metrics.jsonl as a pandas DataFrame, one row per record (training steps, validations, events)."
     import pandas as pd
-    return pd.DataFrame(_records(get_run(str(getattr(run, 'id', run)), runs_dir).metrics_path))
+    return pd.DataFrame(read_metrics(get_run(str(getattr(run, 'id', run)), runs_dir)))
 
+# %% ../nbs/11a_jupyter.ipynb #c53c878e
 def logs(run, runs_dir=None, n: int = 20):
     "Print what `wf logs RUN` prints (the last `n` metric records and log lines), and the tail of a background run's console."
     r = get_run(str(getattr(run, 'id', run)), runs_dir)
@@ -269,11 +286,12 @@ def cancel(run, runs_dir=None):
     "`wf cancel RUN`: the run saves a checkpoint and stops (INTERRUPTED); `train` with the same arguments resumes it."
     print(cancel_run(str(getattr(run, 'id', run)), runs_dir))
 
+# %% ../nbs/11a_jupyter.ipynb #840f4b77
 def plot(run_or_runs, runs_dir=None, smooth: int = 1):
     "Curves of one or several runs side by side (loss, stage terms, lr, tokens/s): a matplotlib Figure, shown in Jupyter."
     import matplotlib.pyplot as plt
     refs = [run_or_runs] if isinstance(run_or_runs, (str, Path, Run)) else list(run_or_runs)
     sel = [get_run(str(getattr(r, 'dir', r)), runs_dir) for r in refs]
-    fig = curves_figure({r.id: _records(r.metrics_path) for r in sel}, smooth=smooth, pyplot=True)
+    fig = curves_figure({r.id: read_metrics(r) for r in sel}, smooth=smooth, pyplot=True)
     plt.close(fig)   # shown once, as the returned value, not again by the inline backend
     return fig
