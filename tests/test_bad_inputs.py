@@ -487,7 +487,7 @@ def test_api_second_train_of_a_starting_run_refused(tmp_path, monkeypatch):
     import wf_nb.jupyter as J
     from wf_nb.registry import RunExistsError
     args = dict(model='tiny_llama', stage='1', overrides=['data.seq_len=32'], runs_dir=tmp_path/'runs')
-    rid = J._resolve(args['model'], args['stage'], None, args['overrides'])[2]
+    rid = J._resolve(args['model'], args['stage'], None, args['overrides'])[2].id
     class Starting:                       # a `wf train` process still importing: alive, no lock yet
         pid = 4242
         def poll(self): return None
