@@ -10,7 +10,8 @@ from typing import Callable
 from fastcore.basics import patch
 from .errors import WFError
 from .io import atomic_dir
-from .trainer import CheckpointError, latest_checkpoint, verify_checkpoint
+from .checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
+from .registry import Run
 
 # %% auto #0
 __all__ = ['STEP_NAME', 'RemoteStorageError', 'remote_fs', 'check_remote', 'RemoteCheckpoints']
@@ -25,6 +26,7 @@ def _cred_hint(uri: str) -> str:
     if uri.startswith(('gs://', 'gcs://')): return "GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`"
     return "the storage library's usual credentials"
 
+# %% ../nbs/06c_remote.ipynb #6db8666b
 def remote_fs(uri: str):
     "`(filesystem, root path)` for `uri` through fsspec; a fresh instance, so credentials are read now."
     import fsspec
@@ -36,6 +38,7 @@ def remote_fs(uri: str):
     if 'file' in fs.protocol: fs.makedirs(root, exist_ok=True)   # a local folder may be created; a bucket never is
     return fs, root.rstrip('/')
 
+# %% ../nbs/06c_remote.ipynb #a36a1281
 def check_remote(uri: str):
     "Write, read back and delete a probe object under `uri`; `(fs, root)`, or `RemoteStorageError` saying what to fix."
     fs, root = remote_fs(uri)
@@ -72,45 +75,55 @@ class RemoteCheckpoints:
         names = sorted((n for n in names if STEP_NAME.fullmatch(n)), key=lambda n: int(n[5:]))
         return [n for n in names if self.fs.exists(f"{self.root}/{n}/manifest.json")] if complete else names
 
-    def upload(self, ckpt_dir, keep=()):
-        "Queue `ckpt_dir` for upload; blocks only while the queue is full."
-        ckpt_dir = Path(ckpt_dir); stage = ckpt_dir.with_name(f'.{ckpt_dir.name}.upload')
-        shutil.rmtree(stage, ignore_errors=True); stage.mkdir()
-        for f in ckpt_dir.iterdir(): _link_or_copy(f, stage/f.name)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name='wf-upload', daemon=True); self._thread.start()
-        self.q.put((stage, ckpt_dir.name, tuple(keep)))
+# %% ../nbs/06c_remote.ipynb #d49cb88b
+@patch
+def upload(self: RemoteCheckpoints, ckpt_dir, keep=()):
+    "Queue `ckpt_dir` for upload; blocks only while the queue is full."
+    ckpt_dir = Path(ckpt_dir); stage = ckpt_dir.with_name(f'.{ckpt_dir.name}.upload')
+    shutil.rmtree(stage, ignore_errors=True); stage.mkdir()
+    for f in ckpt_dir.iterdir(): _link_or_copy(f, stage/f.name)
+    if self._thread is None:
+        self._thread = threading.Thread(target=self._work, name='wf-upload', daemon=True); self._thread.start()
+    self.q.put((stage, ckpt_dir.name, tuple(keep)))
 
-    def _work(self):
-        while (item := self.q.get()) is not None:
-            stage, name, keep = item
-            try: self._put(stage, name); self.prune(keep=(name, *keep))
-            except Exception as e:   # never kills training: the local checkpoint is there; the next save tries again
-                self.errors.append(f"{name}: {type(e).__name__}: {e}")
-                self.log(f"warning: upload of {name} to {self.uri} failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
-            finally: shutil.rmtree(stage, ignore_errors=True)
+# %% ../nbs/06c_remote.ipynb #a8c225e8
+@patch
+def _work(self: RemoteCheckpoints):
+    while (item := self.q.get()) is not None:
+        stage, name, keep = item
+        try: self._put(stage, name); self.prune(keep=(name, *keep))
+        except Exception as e:   # never kills training: the local checkpoint is there; the next save tries again
+            self.errors.append(f"{name}: {type(e).__name__}: {e}")
+            self.log(f"warning: upload of {name} to {self.uri} failed ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        finally: shutil.rmtree(stage, ignore_errors=True)
 
-    def _put(self, stage: Path, name: str):
-        dst = f"{self.root}/{name}"
-        self.fs.makedirs(dst, exist_ok=True)
-        if self.fs.exists(f"{dst}/manifest.json"): self.fs.rm_file(f"{dst}/manifest.json")   # a re-save (rollback, resume): incomplete until the new manifest lands
-        for p in sorted(stage.iterdir()):
-            if p.name != 'manifest.json': self.fs.put_file(str(p), f"{dst}/{p.name}")
-        self.fs.put_file(str(stage/'manifest.json'), f"{dst}/manifest.json")   # last: it marks the checkpoint complete
+# %% ../nbs/06c_remote.ipynb #fa6567b8
+@patch
+def _put(self: RemoteCheckpoints, stage: Path, name: str):
+    dst = f"{self.root}/{name}"
+    self.fs.makedirs(dst, exist_ok=True)
+    if self.fs.exists(f"{dst}/manifest.json"): self.fs.rm_file(f"{dst}/manifest.json")   # a re-save (rollback, resume): incomplete until the new manifest lands
+    for p in sorted(stage.iterdir()):
+        if p.name != 'manifest.json': self.fs.put_file(str(p), f"{dst}/{p.name}")
+    self.fs.put_file(str(stage/'manifest.json'), f"{dst}/manifest.json")   # last: it marks the checkpoint complete
 
-    def prune(self, keep=()):
-        "Delete remote checkpoints beyond the newest `keep_last` complete ones (and `keep`), and incomplete ones older than those."
-        done = self.steps()
-        if not done: return
-        kept, newest = set(done[-self.keep_last:]) | set(keep), int(done[-1][5:])
-        for n in self.steps(complete=False):
-            if n not in kept and (n in done or int(n[5:]) < newest): self.fs.rm(f"{self.root}/{n}", recursive=True)
+# %% ../nbs/06c_remote.ipynb #7d239fb8
+@patch
+def prune(self: RemoteCheckpoints, keep=()):
+    "Delete remote checkpoints beyond the newest `keep_last` complete ones (and `keep`), and incomplete ones older than those."
+    done = self.steps()
+    if not done: return
+    kept, newest = set(done[-self.keep_last:]) | set(keep), int(done[-1][5:])
+    for n in self.steps(complete=False):
+        if n not in kept and (n in done or int(n[5:]) < newest): self.fs.rm(f"{self.root}/{n}", recursive=True)
 
-    def close(self) -> list[str]:
-        "Wait until every queued upload has finished; the failures, if any (each was logged as it happened)."
-        if self._thread is not None:
-            self.q.put(None); self._thread.join(); self._thread = None
-        return self.errors
+# %% ../nbs/06c_remote.ipynb #386e6590
+@patch
+def close(self: RemoteCheckpoints) -> list[str]:
+    "Wait until every queued upload has finished; the failures, if any (each was logged as it happened)."
+    if self._thread is not None:
+        self.q.put(None); self._thread.join(); self._thread = None
+    return self.errors
 
 # %% ../nbs/06c_remote.ipynb #080db636
 @patch
@@ -127,7 +140,7 @@ def sync_down(self: RemoteCheckpoints, run_dir) -> Path | None:
     local = latest_checkpoint(run_dir, log=lambda *a: None)
     for name in reversed(self.steps()):
         if local is not None and int(name[5:]) <= int(local.name[5:]): return None
-        try: p = self.download(name, Path(run_dir)/'checkpoints')
+        try: p = self.download(name, Run(Path(run_dir)).checkpoints_dir)
         except CheckpointError as e: self.log(f"skipping remote checkpoint {name}: {e}"); continue
         self.log(f"downloaded {name} from {self.uri} (checksums verified)"); return p
     return None
