@@ -40,6 +40,16 @@ def genre_rows(n_per_genre: int = 20, seed: int = 0) -> list[dict]:
     return [dict(context=GENRE_TASK.prompt(r['text']), choices=[' ' + l for l in labels], label=labels.index(r['label']),
                  play=r['play']) for r in shakespeare_genre('test', n_per_genre=n_per_genre, seed=seed)]
 
+# %% ../nbs/08a_lmeval.ipynb #b2c6739e
+def _cloze_item(lines: list[str], i: int, words: list[str], rng, n_choices: int, play: str) -> dict | None:
+    m = re.match(r"^(.*\S)\s+([A-Za-z]{3,})[.,;:!?]*$", lines[i])
+    if not m or len(lines[i - 1].split()) < 4: return None
+    pool = [w for w in words if len(w) == len(m[2]) and w.lower() != m[2].lower()]
+    if len(pool) < n_choices - 1: return None
+    choices = [m[2]] + rng.sample(pool, n_choices - 1); rng.shuffle(choices)
+    return dict(context=f"{lines[i - 1]}\n{m[1]}", choices=[' ' + c for c in choices], label=choices.index(m[2]), play=play)
+
+# %% ../nbs/08a_lmeval.ipynb #903adcd7
 def cloze_rows(n: int = 60, seed: int = 0, n_choices: int = 4) -> list[dict]:
     "Last-word cloze items from held-out plays: the true word against same-length words of the same play."
     from wf_nb.assets import shakespeare_files
@@ -50,12 +60,9 @@ def cloze_rows(n: int = 60, seed: int = 0, n_choices: int = 4) -> list[dict]:
         lines = play_lines(files[play])
         words = sorted({w for ln in lines for w in re.findall(r"[A-Za-z]+", ln) if len(w) > 2})
         for i in rng.sample(range(1, len(lines)), len(lines) - 1):
-            m = re.match(r"^(.*\S)\s+([A-Za-z]{3,})[.,;:!?]*$", lines[i])
-            if not m or len(lines[i - 1].split()) < 4: continue
-            pool = [w for w in words if len(w) == len(m[2]) and w.lower() != m[2].lower()]
-            if len(pool) < n_choices - 1: continue
-            choices = [m[2]] + rng.sample(pool, n_choices - 1); rng.shuffle(choices)
-            out.append(dict(context=f"{lines[i - 1]}\n{m[1]}", choices=[' ' + c for c in choices], label=choices.index(m[2]), play=play))
+            item = _cloze_item(lines, i, words, rng, n_choices, play)
+            if item is None: continue
+            out.append(item)
             if len(out) % (n // len(plays) + 1) == 0: break       # spread the items over the plays
     return out[:n]
 
@@ -73,23 +80,31 @@ def task_files(out_dir, names=None, n: int | None = None) -> dict[str, Path]:
         paths[name] = mc_task_yaml(data, out, name=name)
     return paths
 
+# %% ../nbs/08a_lmeval.ipynb #518023a8
+def _resolve_task(it: str, work_dir, n: int | None = None) -> tuple[str, str | None, bool]:
+    "`(task name, folder to include or None, from the registry)` for one `--lm-eval` item."
+    p = Path(it).expanduser()
+    if it in BUILTIN_TASKS: task_files(work_dir, [it], n); return it, None, False
+    if p.suffix in ('.yaml', '.yml'):
+        if not p.is_file(): raise FileNotFoundError(f"--lm-eval: task file {p} does not exist")
+        spec = read_yaml(p) or {}
+        if 'task' not in spec: raise TaskFormatError(f"--lm-eval: {p} has no `task:` name; is it a lm-eval task YAML?")
+        return spec['task'], str(p.resolve().parent), False
+    if p.suffix == '.jsonl':
+        if not p.is_file(): raise FileNotFoundError(f"--lm-eval: multiple-choice file {p} does not exist")
+        return mc_task_yaml(p, work_dir).stem, None, False
+    return it, None, True
+
+# %% ../nbs/08a_lmeval.ipynb #bd8621a1
 def resolve_tasks(spec, work_dir, n: int | None = None) -> tuple[list[str], list[str], bool]:
     "`(task names, include folders, needs the harness's own registry)` for `spec` ('a,b' or a list)."
     items = [s.strip() for s in (spec.split(',') if isinstance(spec, str) else spec) if s.strip()]
     if not items: raise TaskFormatError("--lm-eval: no tasks given; e.g. --lm-eval wf_shakespeare_genre,wf_shakespeare_cloze")
     names, include, registry = [], [str(work_dir)], False
     for it in items:
-        p = Path(it).expanduser()
-        if it in BUILTIN_TASKS: task_files(work_dir, [it], n); names.append(it)
-        elif p.suffix in ('.yaml', '.yml'):
-            if not p.is_file(): raise FileNotFoundError(f"--lm-eval: task file {p} does not exist")
-            spec_ = read_yaml(p) or {}
-            if 'task' not in spec_: raise TaskFormatError(f"--lm-eval: {p} has no `task:` name; is it a lm-eval task YAML?")
-            names.append(spec_['task']); include.append(str(p.resolve().parent))
-        elif p.suffix == '.jsonl':
-            if not p.is_file(): raise FileNotFoundError(f"--lm-eval: multiple-choice file {p} does not exist")
-            names.append(mc_task_yaml(p, work_dir).stem)
-        else: names.append(it); registry = True
+        name, inc, reg = _resolve_task(it, work_dir, n)
+        names.append(name); registry |= reg
+        if inc is not None: include.append(inc)
     return names, include, registry
 
 # %% ../nbs/08a_lmeval.ipynb #75440826
@@ -98,6 +113,7 @@ class LMEvalMissing(WFError, ImportError):
 
 LM_EVAL_REQ = 'lm-eval>=0.4.10,<0.5'   # settings.ini's lmeval extra: tested with 0.4.10 and 0.4.13 (0.4.9 needs transformers < 5)
 
+# %% ../nbs/08a_lmeval.ipynb #430bf5ea
 @contextlib.contextmanager
 def _quiet_harness(level=logging.ERROR):
     "The harness's INFO/WARNING logging off while it runs (what its deprecated `TaskManager(verbosity=)` did), restored after."
@@ -108,6 +124,7 @@ def _quiet_harness(level=logging.ERROR):
     finally:
         for l, lv in zip(logs, old): l.setLevel(lv)
 
+# %% ../nbs/08a_lmeval.ipynb #276dba9c
 def run_lm_eval(model, tokenizer, tasks, limit: int | None = None, batch_size: int = 8, num_fewshot: int | None = None,
                 n_items: int | None = None, log_samples: bool = False, seed: int = 0) -> dict:
     "lm-evaluation-harness's `simple_evaluate` result for `tasks` on a loaded HF model."
@@ -125,6 +142,7 @@ def run_lm_eval(model, tokenizer, tasks, limit: int | None = None, batch_size: i
                                log_samples=log_samples, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
                                fewshot_random_seed=seed)
 
+# %% ../nbs/08a_lmeval.ipynb #a9c14847
 def lm_eval_summary(out: dict) -> dict:
     "`{task: {metric: value, metric_stderr: value, n: items}}` from a `simple_evaluate` result."
     res = {}
@@ -157,6 +175,7 @@ def lm_eval_rows(summary: dict) -> list[dict]:
     return [dict(metric=f'{task} {k}', value=float(v), stderr=num(r.get(f'{k}_stderr')), n=r.get('n'))
             for task, r in summary.items() for k, v in r.items() if k != 'n' and not k.endswith('_stderr')]
 
+# %% ../nbs/08a_lmeval.ipynb #8b1a9320
 def lm_evaluate(src, lm_eval, data=None, mc=None, task=None, out_json=None, limit: int | None = None,
                 batch_size: int = 8, num_fewshot: int | None = None, log=print, **kw) -> dict:
     "Evaluate a checkpoint/preset with wf_nb's metrics (`data`, `mc`, `task`) and lm-evaluation-harness tasks `lm_eval`."
