@@ -31,6 +31,7 @@ def spread(texts: list[str], chunk_chars: int = 2000) -> list[str]:
         per.append(pieces)
     return [p[i] for i in range(max(map(len, per), default=0)) for p in per if i < len(p)]
 
+# %% ../nbs/08b_generality.ipynb #4f183ddf
 def heldout_texts(domains=None, chunk_chars: int = 2000) -> dict[str, list[str]]:
     "{domain: its pieces} for the installed `domains` (default all of `HELDOUT_DOMAINS`); missing ones are left out with a note."
     out = {}
@@ -67,6 +68,7 @@ CHAT_PROMPTS = [
     "Explain what a black hole is.", "Write two sentences describing autumn in a city.", "How do I write a good résumé?",
     "What is the boiling point of water at sea level, in Fahrenheit?"]
 
+# %% ../nbs/08b_generality.ipynb #88832d43
 def _chat_ids(tokenizer, prompt: str) -> list[int]:
     text = tokenizer.apply_chat_template([{'role': 'user', 'content': prompt}], tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False).input_ids
