@@ -43,7 +43,8 @@ def main(argv=None):
     from accelerate import Accelerator
     from wf_nb.config import get_config
     from wf_nb.assets import load_fp_model
-    from wf_nb.trainer import Trainer, Callback, is_fsdp
+    from wf_nb.trainer import Trainer, Callback
+    from wf_nb.checkpoint import is_fsdp
     cfg = get_config([f'training.max_steps={a.max_steps}', f'training.batch_size={a.batch_size}', 'training.lr=5e-3',
                       f'training.save_interval={a.save_interval}', 'training.warmup_steps=0', 'training.spike_factor=0',
                       'logging.interval=1', 'logging.progress=false', 'logging.wandb_mode=disabled', 'data.seq_len=32',
@@ -63,7 +64,8 @@ def main(argv=None):
             if tr.step == a.sigint_at and tr.acc.is_main_process: os.kill(os.getpid(), signal.SIGINT)
             return loss
     log = print if acc.is_main_process else (lambda *a, **k: None)
-    tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, callbacks=[Faults()])
+    from wf_nb.callbacks import QuantSchedule   # BitNet's lambda warm-up, as the stages add it
+    tr = Trainer(cfg, model, data, a.run_dir, accelerator=acc, log=log, callbacks=[Faults(), *([QuantSchedule()] if a.ternary else [])])
     res = tr.fit()
     if acc.is_main_process:
         print('RESULT ' + json.dumps({**res, 'world_size': acc.num_processes, 'sharded': is_fsdp(tr.acc.unwrap_model(tr.model)),

@@ -301,7 +301,7 @@ def test_disk_full_during_checkpoint(w, tmp_path):
     mnt = tmp_path/'full'; mnt.mkdir()
     r = _in_tmpfs(w, mnt, 'size=60m', 'train', '-s', 'pretrain', *TINY, 'training.max_steps=50', 'training.save_interval=1',
                   'training.keep_last=100', f'data.source={w.root/"shards"}',
-                  after=f"'{sys.executable}' -c \"from wf_nb.trainer import list_checkpoints, verify_checkpoint; import glob; "
+                  after=f"'{sys.executable}' -c \"from wf_nb.checkpoint import list_checkpoints, verify_checkpoint; import glob; "
                         f"c = list_checkpoints(glob.glob('{mnt}/runs/*')[0]); verify_checkpoint(c[-1]); print('VERIFIED', len(c), c[-1].name)\"")
     last = [l for l in r.stderr.strip().splitlines() if l.startswith('wf train:')]
     assert r.returncode == 4 and 'Traceback' not in r.stderr and last and 'no space left on device' in last[-1], r.stderr[-3000:]

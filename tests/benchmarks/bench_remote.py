@@ -14,7 +14,7 @@ from moto.server import ThreadedMotoServer
 s = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False); s.start(); h, p = s.get_host_and_port()
 os.environ.update(AWS_ENDPOINT_URL=f'http://{h}:{p}', AWS_ACCESS_KEY_ID='t', AWS_SECRET_ACCESS_KEY='t', AWS_DEFAULT_REGION='us-east-1')
 import boto3; boto3.client('s3').create_bucket(Bucket='bench')
-from wf_nb.trainer import save_checkpoint
+from wf_nb.checkpoint import save_checkpoint
 from wf_nb.remote import RemoteCheckpoints, check_remote
 torch.manual_seed(0); net = nn.Linear(4096, 4096)   # 16.8M params: 67 MB safetensors
 opt = torch.optim.AdamW(net.parameters()); net(torch.randn(2, 4096)).sum().backward(); opt.step()

@@ -123,7 +123,7 @@ def arm_model(arm):
     if arm == 'wf_cublas':
         from wf_nb.quant import _INT_RESCALE; _INT_RESCALE.pop(DEVICE, None)
     if arm in ('fp_compiled', 'hf_compiled', 'wf_compiled', 'wf_nosubln_compiled'):
-        from wf_nb.trainer import compile_blocks; compile_blocks(model, codes_per_step=ACCUM > 1)   # the Trainer's rule
+        from wf_nb.parallel import compile_blocks; compile_blocks(model, codes_per_step=ACCUM > 1)   # the Trainer's rule
     return model
 
 def plain_loop(model, data, precision, warmup, opt=None):
@@ -171,7 +171,8 @@ def wf_trainer_loop(model, data, precision, warmup, on_step=None, compile=False)
     rows = torch.cat([b['input_ids'] for b in data])
     marks = []
     with tempfile.TemporaryDirectory() as d:
-        tr = Trainer(cfg, model, ListStream(rows, B), d, log=lambda *a: None)
+        from wf_nb.callbacks import QuantSchedule   # BitNet's lambda warm-up, as the stages add it
+        tr = Trainer(cfg, model, ListStream(rows, B), d, log=lambda *a: None, callbacks=[QuantSchedule()])
         tr.save = lambda *a, **k: None   # measure training, not checkpoint writes
         step = tr.train_step
         def timed():   # the time between consecutive step starts = one whole step (optimizer and metrics included)
@@ -195,7 +196,7 @@ def one(arm, precision, steps, warmup):
            'fp_trainer_compiled': lambda *a: wf_trainer_loop(*a, compile=True)}[arm]
     flops_per_token = None
     if DEVICE == 'cuda':
-        from wf_nb.trainer import train_flops_per_token, peak_flops
+        from wf_nb.callbacks import train_flops_per_token, peak_flops
         flops_per_token, peak = train_flops_per_token(model, S), peak_flops('cuda')
         if not arm.startswith(('wf_trainer', 'hf_trainer', 'fp_trainer')): model.to(DEVICE)
     import gc; gc.collect()
@@ -306,7 +307,7 @@ def codes_ab(rounds, precision):
     "Compiled wf_nb model, ACCUM micro-batches per step: weight codes from the per-step cache against quantized in the graph by every micro-batch, steps alternating in ONE process."
     import torch
     from wf_nb.quant import bitlinears
-    from wf_nb.trainer import compile_blocks
+    from wf_nb.parallel import compile_blocks
     torch.manual_seed(0)
     model = wf_bitnet(fp_model()); compile_blocks(model)
     layers, data = [m for _, m in bitlinears(model)], batches(2 * ACCUM)

@@ -51,7 +51,7 @@ def load_interrupted(run, mc):
     "The model of an INTERRUPTED run (stopped by hand for the CPU time limit): its start point + its latest checkpoint, strictly."
     import wf_nb
     from wf_nb.assets import load_fp_model
-    from wf_nb.trainer import list_checkpoints, load_checkpoint
+    from wf_nb.checkpoint import list_checkpoints, load_checkpoint
     lin = run.meta().get('lineage', {})
     parent = Path(run.dir.parent, lin['parent_output']) if lin.get('parent_output') else None   # relative (or absolute) parent
     model = wf_nb.load(parent) if parent else load_fp_model(mc, seed=0)
@@ -250,7 +250,7 @@ def main(argv=None):
         rb = [r for r in metric_rows(run) if r.get('event') == 'rollback']
         note += f"; {len(rb)} loss-spike rollback(s)" if rb else ''
         if run.status == 'INTERRUPTED':   # stopped early (CPU time limit): evaluate its latest checkpoint, and say so
-            from wf_nb.trainer import list_checkpoints
+            from wf_nb.checkpoint import list_checkpoints
             k = int(list_checkpoints(run.dir)[-1].name[5:])
             evaluate(name, lambda: load_interrupted(run, mc)[0], k,
                      note + f"; INTERRUPTED at step {k}/{steps} (cosine lr schedule of {steps} steps), latest checkpoint",

@@ -28,7 +28,7 @@ from wf_nb.data import bible_kjv_files
 from wf_nb.stream import get_data
 from wf_nb.quant import set_lambda
 from wf_nb.evaluate import perplexity
-from wf_nb.trainer import lr_factor, param_groups
+from wf_nb.optim import lr_factor, param_groups
 cfg = get_config([f'training.batch_size={a.batch}', f'data.seq_len={a.seq}', f'training.seed={a.seed}'], stage='2', model='smollm2_135m')
 tok = load_tokenizer(cfg.model)
 teacher = load_fp_model(cfg.model).eval()
