@@ -39,6 +39,8 @@ register_preset('model', 'mobilellm_950m', name='mobilellm_950m', arch='llama', 
 register_preset('model', 'mobilellm_tiny', name='mobilellm_tiny', arch='llama', **_RANDOM, vocab_size=49152,
                 hidden_size=64, num_layers=6, num_heads=4, num_kv_heads=2, intermediate_size=192,
                 max_position_embeddings=4096, rope_theta=10000.0, tie_embeddings=True)
+
+# %% ../nbs/00c_recipes.ipynb #a8a9a523
 register_preset('model', 'moe_tiny', name='moe_tiny', arch='moe', **_RANDOM, vocab_size=49152, hidden_size=64,
                 num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=96, n_experts=4, top_k=2,
                 max_position_embeddings=2048, rope_theta=10000.0)
@@ -69,6 +71,7 @@ def register_mixture(name: str, components, data_preset: bool = True):
     if data_preset: register_preset('data', name, mixture=name)
     return comps
 
+# %% ../nbs/00c_recipes.ipynb #33111f13
 _P1 = [('fineweb_edu', 'shakespeare', 63.75), ('starcoder', 'stdlib', 10.66), ('openwebmath', 'stdlib', 6.93),
        ('arxiv', 'shakespeare', 6.36), ('wikipedia', 'shakespeare', 5.03), ('stackexchange', 'shakespeare', 5.03),
        ('algebraic_stack', 'stdlib', 2.25)]
