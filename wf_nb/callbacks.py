@@ -288,9 +288,11 @@ class QuantSchedule(Callback):
     order = 5
     def __init__(self): self.steps0, self.lam = 0, None
     def before_fit(self, tr):
-        from wf_nb.quant import quant_state, watch_optimizer
+        from wf_nb.quant import quant_state, watch_optimizer, weight_codes_per_step
         model = tr.acc.unwrap_model(tr.model)
         watch_optimizer(tr.raw_optimizer)   # the run's optimizer announces its steps to the cached ternary codes
+        if tr.t.compile and (tr.t.grad_accum > 1 or tr.cfg.model.gradient_checkpointing):
+            weight_codes_per_step(model)   # several forwards per optimizer step: the ternary weight codes once, not in each
         self.steps0 = quant_state(model)['steps']   # quantized steps of the lineage so far
         _warn_unfinished_quant(tr.cfg, model, self.steps0, tr.max_steps, tr.log)
     def before_step(self, tr):

@@ -54,8 +54,7 @@ def _prepare(self: Trainer, model: nn.Module):
     cfg = self.cfg
     if cfg.model.gradient_checkpointing and hasattr(model, 'gradient_checkpointing_enable'):
         model.gradient_checkpointing_enable()
-    if self.t.compile:   # several forwards per optimizer step: the ternary weight codes once, not in each
-        compile_blocks(model, codes_per_step=self.t.grad_accum > 1 or cfg.model.gradient_checkpointing)
+    if self.t.compile: compile_blocks(model)
     self.sharded = cfg.distributed.strategy == 'fsdp' and self.acc.num_processes > 1
     check_sharding(cfg, self.sharded)
     from accelerate.utils import DistributedType
@@ -87,10 +86,10 @@ def raw_optimizer(self: Trainer) -> torch.optim.Optimizer:
     "Torch's optimizer inside accelerate's wrapper."
     return self.optimizer.optimizer if hasattr(self.optimizer, 'optimizer') else self.optimizer
 
-# %% ../nbs/06_trainer.ipynb #621a6a6e
+# %% ../nbs/06_trainer.ipynb #367c10d3
 @patch
 def _event(self: Trainer, name: str):
-    for cb in self.callbacks: getattr(cb, name)(self)
+    for cb in list(self.callbacks): getattr(cb, name)(self)   # a copy: `record` may drop a callback meanwhile
 
 @patch
 def record(self: Trainer, rec: dict):
