@@ -491,10 +491,10 @@ def _args_export(sub):
     x.add_argument('--overwrite', action='store_true', help='replace an earlier export wf_nb wrote (its .wf_nb_output.json marker; never other files, a run or the runs folder)')
     x.add_argument('--allow-float', action='store_true', help='pack a full-precision model as naive ternary, knowingly (refused otherwise)')
     x.add_argument('--ternary-type', default='auto', choices=['auto', 'tq2_0', 'tq1_0', 'q2_0'],
-                   help='gguf: type of the ternary matrices (auto: TQ2_0 where inputs are multiples of 256, else Q2_0)')
+                   help='gguf: type of the ternary matrices (auto: TQ1_0 where inputs are multiples of 256 once padded, else Q2_0; tq2_0: faster, larger)')
     x.add_argument('--dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'],
                    help='hf-bitnet / wf-packed: stored type of what is not ternary (embeddings, lm_head if untied, norms); fp32: the checkpoint bit for bit')
-    x.add_argument('--embed-type', default='q8_0', choices=['q8_0', 'f16', 'q4_0', 'f32'], help='gguf: type of the (tied) embedding')
+    x.add_argument('--embed-type', default='q5_0', choices=['q8_0', 'f16', 'q5_1', 'q5_0', 'q4_0', 'f32'], help='gguf: type of the (tied) embedding')
 
 # %% ../nbs/11_cli.ipynb #326d7dfc
 @_command('export', _args_export)

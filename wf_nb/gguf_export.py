@@ -103,12 +103,12 @@ def q2_0_decode(blocks: np.ndarray, k: int) -> np.ndarray:
 
 # %% ../nbs/03_gguf_export.ipynb #67d0522e
 TERNARY_TYPES = {'tq2_0': (256, 2.0625, 37), 'tq1_0': (256, 1.6875, 36), 'q2_0': (64, 2.25, 41)}   # block, bits, llama ftype
-EMBED_TYPES = ('f16', 'q8_0', 'q4_0', 'f32')
+EMBED_TYPES = ('f16', 'q8_0', 'q5_1', 'q5_0', 'q4_0', 'f32')   # gguf.quants writes each (Q6_K/K-quants: not here)
 
 def ternary_type_for(k: int, ternary_type: str, name: str = 'a matrix') -> str:
-    "The GGUF type for a ternary matrix with `k` inputs (after any padding); `auto`: TQ2_0 where it fits, else Q2_0."
+    "The GGUF type for a ternary matrix with `k` inputs (after any padding); `auto`: TQ1_0 where it fits, else Q2_0."
     t = ternary_type.lower()
-    if t == 'auto': t = 'tq2_0' if k % 256 == 0 else 'q2_0'
+    if t == 'auto': t = 'tq1_0' if k % 256 == 0 else 'q2_0'
     if t not in TERNARY_TYPES:
         raise GGUFError(f"gguf: ternary type {ternary_type!r} is not one of auto, {', '.join(TERNARY_TYPES)}")
     blk = TERNARY_TYPES[t][0]
@@ -221,7 +221,7 @@ def _add_ternary_tensors(w, packed: dict, shapes: dict, ttypes: dict, nmap, plan
         types[g] = ttypes[n].upper()
 
 # %% ../nbs/03_gguf_export.ipynb #e70b8961
-def write_gguf(pmodel, path, tokenizer, ternary_type: str = 'auto', embed_type: str = 'q8_0', name: str = 'wf_nb-bitnet') -> dict:
+def write_gguf(pmodel, path, tokenizer, ternary_type: str = 'auto', embed_type: str = 'q5_0', name: str = 'wf_nb-bitnet') -> dict:
     "Write packed model `pmodel` + `tokenizer` as a llama.cpp `bitnet` GGUF at `path`; returns {tensor: type}."
     import gguf
     if tokenizer is None: raise GGUFError("gguf: llama.cpp needs the tokenizer in the file; pass tokenizer= (a checkpoint dir's is read automatically)")

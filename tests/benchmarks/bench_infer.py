@@ -3,11 +3,14 @@ perplexity on held-out text, at 1 and 2 threads.
 
 Rows: the FP model in transformers (fp32, bf16); the student in wf_nb (`wf_nb.load(packed_dir).generate`), in stock
 transformers (the packed hf-bitnet export), and in llama.cpp (npm node-llama-cpp 3.21.1's prebuilt CPU build, via
-tests/llamacpp/llamacpp.mjs): our ternary GGUF (default: TQ2_0, hidden width padded 576 -> 768; and Q2_0 unpadded),
-and the FP model's F16 / Q8_0 / Q4_0 GGUFs written by `wf_nb.gguf_export.write_fp_gguf`.
-Every row runs in its own process (its own peak RSS); greedy decoding of --new tokens after a --prompt-token prompt.
+tests/llamacpp/llamacpp.mjs): our ternary GGUF (default: TQ1_0, hidden width padded 576 -> 768, Q5_0 embedding; the
+fast TQ2_0 + Q8_0 one; Q2_0 unpadded; `--grid`: every ternary type x embedding q8_0/q5_1/q5_0/q4_0), and the FP model's
+F16 / Q8_0 / Q4_0 GGUFs written by `wf_nb.gguf_export.write_fp_gguf`. `--grid` also adds wf_nb rows whose embedding went
+through each GGUF embedding type and back: their perplexity is what llama.cpp should give on the same file.
+Every row runs in its own process (its own peak RSS); greedy decoding of --new tokens after a --prompt-token prompt;
+speeds are the median (or `--stat best`) of --repeat runs.
 
-    python tests/benchmarks/bench_infer.py --student CKPT_DIR [--threads 1 2] [--out table.md]
+    python tests/benchmarks/bench_infer.py --student CKPT_DIR [--threads 1 2] [--grid] [--out table.md]
 
 CKPT_DIR: a wf_nb student checkpoint (e.g. `wf train ... --out DIR`); without it, the untrained Stage-1 conversion
 is used (fine for speed and size, not for perplexity).
@@ -17,7 +20,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_SCRIPT = ROOT / 'tests' / 'llamacpp' / 'llamacpp.mjs'
-REPEAT = int(os.environ.get('WF_BENCH_REPEAT', 3))   # speeds: best of this many runs
+REPEAT = int(os.environ.get('WF_BENCH_REPEAT', 3))   # speeds: the median (or best) of this many runs
+STAT = os.environ.get('WF_BENCH_STAT', 'median')
+GRID = [(t, e) for t in ('tq2_0', 'tq1_0', 'q2_0') for e in ('q8_0', 'q5_1', 'q5_0', 'q4_0')]
+
+
+def pick(xs):
+    import statistics
+    return max(xs) if STAT == 'best' else statistics.median(xs)
 
 
 def held_out_ids(tok, n):
@@ -26,7 +36,7 @@ def held_out_ids(tok, n):
     return tok(shakespeare_files()[-1].read_text()[-60000:]).input_ids[:n]
 
 
-def prepare(student, work: Path, tok):
+def prepare(student, work: Path, tok, grid: bool = False):
     "Write every file the rows read (once); returns {row name: path}."
     import torch
     from wf_nb.assets import load_fp_model
@@ -45,9 +55,9 @@ def prepare(student, work: Path, tok):
     for fmt in ('wf-packed', 'hf-bitnet'):
         paths[fmt] = work / fmt
         if not paths[fmt].exists(): export_model(student, fmt, paths[fmt], dtype=torch.bfloat16)
-    for tt in ('auto', 'q2_0'):
-        paths[f'gguf-{tt}'] = work / f'student-{tt}.gguf'
-        if not paths[f'gguf-{tt}'].exists(): export_model(student, 'gguf', paths[f'gguf-{tt}'], tokenizer=tok, ternary_type=tt)
+    for tt, et in [('auto', 'q5_0'), ('tq2_0', 'q8_0'), ('q2_0', 'q5_0')] + (GRID if grid else []):
+        p = paths[f'gguf-{tt}-{et}'] = work / f'student-{tt}-{et}.gguf'
+        if not p.exists(): export_model(student, 'gguf', p, tokenizer=tok, ternary_type=tt, embed_type=et)
     for wt in ('f16', 'q8_0', 'q4_0'):
         paths[f'fp-{wt}'] = work / f'fp-{wt}.gguf'
         if not paths[f'fp-{wt}'].exists(): write_fp_gguf(fp, paths[f'fp-{wt}'], tok, wt)
@@ -65,24 +75,36 @@ def torch_row(kind, path, threads, ids, prompt, new):
     if kind.startswith('fp'):
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if kind == 'fp-bf16' else torch.float32).eval()
-    elif kind == 'wf_nb':
+    elif kind.startswith('wf_nb'):
         import wf_nb
         model = wf_nb.load(path).eval()
+        if ':' in kind: model = model.float(); round_embedding(model, kind.split(':')[1])   # fp32: no bf16 rounding on top
     else:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(path).eval()
     x = torch.tensor([ids[:prompt]])
     with torch.inference_mode():
-        pre = dec = 0.0
+        pres, decs = [], []
         kw = dict(do_sample=False, attention_mask=torch.ones_like(x), pad_token_id=0)
-        for _ in range(REPEAT):   # best of REPEAT: the machine is shared, other processes only ever slow a run down
-            t0 = time.perf_counter(); model(x); pre = max(pre, prompt / (time.perf_counter() - t0))
+        for _ in range(REPEAT):   # the machine is shared: the median (or best) of REPEAT runs
+            t0 = time.perf_counter(); model(x); pres.append(prompt / (time.perf_counter() - t0))
             t0 = time.perf_counter(); model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw); t1 = time.perf_counter() - t0
             t0 = time.perf_counter(); out = model.generate(x, max_new_tokens=new, min_new_tokens=new, **kw); tn = time.perf_counter() - t0
-            dec = max(dec, (out.shape[1] - prompt - 1) / max(tn - t1, 1e-9))
+            decs.append((out.shape[1] - prompt - 1) / max(tn - t1, 1e-9))
+        pre, dec = pick(pres), pick(decs)
         lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
         nll = -lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean().item()
     return dict(prefill_tps=pre, decode_tps=dec, ppl=math.exp(nll), rss_mib=vm_hwm_mib())
+
+
+def round_embedding(model, embed_type):
+    "The (tied) embedding through GGUF type `embed_type` and back, as llama.cpp reads it."
+    import gguf, torch
+    from gguf.quants import quantize, dequantize
+    w = model.model.embed_tokens.weight
+    qt = getattr(gguf.GGMLQuantizationType, embed_type.upper())
+    a = dequantize(quantize(w.detach().float().numpy(), qt), qt)
+    with torch.no_grad(): w.copy_(torch.from_numpy(a.reshape(w.shape)))
 
 
 def vm_hwm_mib() -> float:
@@ -98,7 +120,7 @@ def llama_row(path, threads, ids, prompt, new):
     if r.returncode: raise SystemExit(f"llama.cpp failed on {path}: {r.stderr[-2000:]}")
     out = json.loads(r.stdout)
     bs, lp = out['results'][:-1], out['results'][-1]['logprobs']
-    return dict(prefill_tps=max(b['prefill_tps'] for b in bs), decode_tps=max(b['decode_tps'] for b in bs),
+    return dict(prefill_tps=pick([b['prefill_tps'] for b in bs]), decode_tps=pick([b['decode_tps'] for b in bs]),
                 ppl=math.exp(-sum(lp) / len(lp)), rss_mib=out['max_rss_mb'])
 
 
@@ -106,10 +128,13 @@ ROWS = [  # (row label, runtime, key of the file it reads, how)
     ('FP SmolLM2, fp32', 'transformers', 'fp', 'fp-fp32'), ('FP SmolLM2, bf16', 'transformers', 'fp', 'fp-bf16'),
     ('ternary student, wf-packed (bf16)', 'wf_nb', 'wf-packed', 'wf_nb'),
     ('ternary student, hf-bitnet (bf16)', 'transformers', 'hf-bitnet', 'hf'),
-    ('ternary student GGUF, TQ2_0 (padded 768) + Q8_0 emb.', 'llama.cpp', 'gguf-auto', 'llama'),
-    ('ternary student GGUF, Q2_0 + Q8_0 emb.', 'llama.cpp', 'gguf-q2_0', 'llama'),
+    ('ternary student GGUF, default: TQ1_0 (padded 768) + Q5_0 emb.', 'llama.cpp', 'gguf-auto-q5_0', 'llama'),
+    ('ternary student GGUF, TQ2_0 (padded 768) + Q8_0 emb.', 'llama.cpp', 'gguf-tq2_0-q8_0', 'llama'),
+    ('ternary student GGUF, Q2_0 + Q5_0 emb.', 'llama.cpp', 'gguf-q2_0-q5_0', 'llama'),
     ('FP SmolLM2 GGUF, F16', 'llama.cpp', 'fp-f16', 'llama'), ('FP SmolLM2 GGUF, Q8_0', 'llama.cpp', 'fp-q8_0', 'llama'),
     ('FP SmolLM2 GGUF, Q4_0 (Q8_0 emb.)', 'llama.cpp', 'fp-q4_0', 'llama')]
+GRID_ROWS = ([(f'ternary student, wf-packed, embedding through {e.upper()}', 'wf_nb', 'wf-packed', f'wf_nb:{e}') for e in ('q8_0', 'q5_1', 'q5_0', 'q4_0')]
+             + [(f'ternary student GGUF, {t.upper()} + {e.upper()} emb. (grid)', 'llama.cpp', f'gguf-{t}-{e}', 'llama') for t, e in GRID])
 
 
 def main():
@@ -119,11 +144,13 @@ def main():
     ap.add_argument('--threads', type=int, nargs='+', default=[1, 2]); ap.add_argument('--prompt', type=int, default=128)
     ap.add_argument('--new', type=int, default=64, help='generated tokens (hf-bitnet rows: 8, it is ~100x slower)')
     ap.add_argument('--ppl-tokens', type=int, default=256); ap.add_argument('--out', type=Path)
-    ap.add_argument('--repeat', type=int, default=3, help='speeds are the best of this many runs')
+    ap.add_argument('--repeat', type=int, default=3, help='speeds are the median (or best) of this many runs')
+    ap.add_argument('--stat', choices=['median', 'best'], default='median')
+    ap.add_argument('--grid', action='store_true', help='also every ternary type x embedding type, and wf_nb with each rounded embedding')
     ap.add_argument('--only', help='substring of the row labels to run'); ap.add_argument('--row', help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.row:   # one row in this process (its own peak RSS: no tokenizer or FP model loaded here): print its JSON
-        label, rt, key, how = next(r for r in ROWS if r[0] == a.row)
+        label, rt, key, how = next(r for r in ROWS + GRID_ROWS if r[0] == a.row)
         path, t, ids = json.loads(os.environ['WF_BENCH_PATHS'])[key], a.threads[0], json.loads(os.environ['WF_BENCH_IDS'])
         new = 8 if how == 'hf' else a.new
         res = llama_row(path, t, ids, a.prompt, new) if how == 'llama' else torch_row(how, path, t, ids, a.prompt, new)
@@ -132,23 +159,23 @@ def main():
     from wf_nb.config import get_config
     tok = load_tokenizer(get_config(model='smollm2_135m').model)
     ids = held_out_ids(tok, a.ppl_tokens)
-    paths = {k: str(v) for k, v in prepare(a.student, a.work, tok).items()}
+    paths = {k: str(v) for k, v in prepare(a.student, a.work, tok, a.grid).items()}
     lines = [f"| runtime | model | threads | file MiB | peak RSS MiB | prefill tok/s | decode tok/s | perplexity |",
              "|---|---|---|---|---|---|---|---|"]
     for t in a.threads:
-        for label, rt, key, how in ROWS:
+        for label, rt, key, how in ROWS + (GRID_ROWS if a.grid else []):
             if a.only and a.only not in label: continue
             r = subprocess.run([sys.executable, __file__, '--row', label, '--threads', str(t), '--prompt', str(a.prompt), '--new', str(a.new),
                                 '--ppl-tokens', str(a.ppl_tokens)], capture_output=True, text=True,
                                env={**os.environ, 'WF_BENCH_PATHS': json.dumps(paths), 'WF_BENCH_IDS': json.dumps(ids), 'OMP_NUM_THREADS': str(t),
-                                    'WF_BENCH_REPEAT': str(a.repeat)})
+                                    'WF_BENCH_REPEAT': str(a.repeat), 'WF_BENCH_STAT': a.stat})
             if r.returncode: print(f"{label}: failed\n{r.stderr[-2000:]}", file=sys.stderr); continue
             d = json.loads(r.stdout.strip().splitlines()[-1])
             lines.append(f"| {rt} | {label} | {t} | {size_mib(Path(paths[key])):.1f} | {d['rss_mib']:.0f} | {d['prefill_tps']:.1f} | "
                          f"{d['decode_tps']:.1f} | {d['ppl']:.1f} |")
             print(lines[-1], flush=True)
     table = '\n'.join(lines)
-    print(f"\nprompt {a.prompt} tokens, {a.new} generated (hf-bitnet: 8), best of {a.repeat}; perplexity on {len(ids)} held-out tokens\n{table}")
+    print(f"\nprompt {a.prompt} tokens, {a.new} generated (hf-bitnet: 8), {a.stat} of {a.repeat}; perplexity on {len(ids)} held-out tokens\n{table}")
     if a.out: a.out.write_text(table + '\n')
 
 
