@@ -1,6 +1,8 @@
 """The GGUF LoRA adapter of wf_nb.lora.export_lora_gguf in the real llama.cpp (npm node-llama-cpp, as tests/test_llamacpp.py):
 on a random tiny BitNet exported to GGUF, llama.cpp's change of the log-probs when the adapter is loaded is wf_nb's
-base + adapter change (slope and correlation ~1), on all seven projections."""
+base + adapter change (slope and correlation ~1), on all seven projections; both for an unpadded base (Q2_0, 256 wide)
+and for a base as SmolLM2's default export pads it (576 wide, 9 heads / 3 KV heads -> 768, 12 / 4 in TQ2_0), with the
+adapter padded from the base file (`base_gguf=`)."""
 import copy, json, os, shutil, subprocess
 from pathlib import Path
 import numpy as np, pytest, torch, torch.nn as nn
@@ -31,19 +33,20 @@ console.log(JSON.stringify(out));
 '''
 
 
-def test_gguf_lora_adapter_in_llamacpp(tmp_path):
+@pytest.mark.parametrize('hidden,heads,kv,ttype', [(256, 4, 2, 'q2_0'), (576, 9, 3, 'auto')], ids=['unpadded', 'padded-576'])
+def test_gguf_lora_adapter_in_llamacpp(tmp_path, hidden, heads, kv, ttype):
     pytest.importorskip('wf_nb.gguf_export')   # the base's GGUF writer (tests/test_llamacpp.py's)
     from transformers import BitNetConfig, BitNetForCausalLM
     from wf_nb.quant import BitLinear
     from wf_nb.config import get_config
     from wf_nb.assets import load_tokenizer, shakespeare_files
     from wf_nb.export import pack_model
-    from wf_nb.gguf_export import write_gguf
+    from wf_nb.gguf_export import write_gguf, read_gguf
     from wf_nb.lora import add_lora, save_adapter, load_adapter, export_lora_gguf
     tok = load_tokenizer(get_config(model='smollm2_135m').model)
     ids = tok(shakespeare_files()[0].read_text()[30000:32000]).input_ids[:40]
-    cfg = BitNetConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, hidden_act='silu', tie_word_embeddings=True, max_position_embeddings=512)
+    cfg = BitNetConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=512, num_hidden_layers=2, num_attention_heads=heads,
+                       num_key_value_heads=kv, hidden_act='silu', tie_word_embeddings=True, max_position_embeddings=512)
     torch.manual_seed(0)
     base = BitNetForCausalLM(cfg).eval()
     for n, lin in [(n, l) for n, l in base.named_modules() if isinstance(l, nn.Linear) and n != 'lm_head']:
@@ -52,8 +55,11 @@ def test_gguf_lora_adapter_in_llamacpp(tmp_path):
     for n, p in m.named_parameters():
         if 'lora_B' in n: torch.nn.init.normal_(p, std=0.3)
     save_adapter(m, tmp_path/'adapter')
-    export_lora_gguf(tmp_path/'adapter', tmp_path/'adapter.gguf', base=base)
-    write_gguf(pack_model(base), tmp_path/'base.gguf', tok, 'q2_0', 'f16')
+    write_gguf(pack_model(base), tmp_path/'base.gguf', tok, ttype, 'f16')
+    meta, _ = read_gguf(tmp_path/'base.gguf')
+    assert (meta['bitnet.embedding_length'] > hidden) == (hidden % 256 != 0)   # the padded case pads
+    shapes = export_lora_gguf(tmp_path/'adapter', tmp_path/'adapter.gguf', base=base, base_gguf=tmp_path/'base.gguf')
+    assert shapes['blk.0.attn_q.weight.lora_a'][1] == meta['bitnet.embedding_length']
     (tmp_path/'run.mjs').write_text(SCRIPT)
     req = dict(model=str(tmp_path/'base.gguf'), tokens=ids, loras=[None, str(tmp_path/'adapter.gguf')])
     r = subprocess.run(['node', str(tmp_path/'run.mjs')], input=json.dumps(req), capture_output=True, text=True, timeout=300,
@@ -72,3 +78,6 @@ def test_gguf_lora_adapter_in_llamacpp(tmp_path):
     assert np.abs(ew).mean() > 0.1                                     # the adapter changes the model
     slope, corr = (ew @ el) / (ew @ ew), np.corrcoef(ew, el)[0, 1]
     assert abs(slope - 1) < 0.03 and corr > 0.99, (slope, corr)
+    assert np.abs(la - wa).max() < 0.1, np.abs(la - wa).max()          # base + adapter: the same log-probs to rounding (0.008-0.012 measured)
+    print(f'{hidden} wide: slope {slope:.4f}, corr {corr:.5f}, mean |change| {np.abs(ew).mean():.3f}, '
+          f'max |llama.cpp - wf_nb| base {np.abs(lb - wb).max():.4f}, base + adapter {np.abs(la - wa).max():.4f}')

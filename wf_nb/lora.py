@@ -274,9 +274,33 @@ def _write_lora_gguf(tmp, arch: str, alpha: float, tensors: dict):
     for n, a in tensors.items(): w.add_tensor(n, np.ascontiguousarray(a))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
+# %% ../nbs/06f_lora.ipynb #f6e5c927
+def _gguf_base_shapes(base_gguf, arch: str) -> dict:
+    "`{tensor name: (out, in)}` of the matrices of the base GGUF file the adapter will be loaded on."
+    from wf_nb.gguf_export import read_gguf
+    meta, ts = read_gguf(base_gguf)
+    if meta.get('general.architecture') != arch:
+        raise ValueError(f"export_lora_gguf: {base_gguf} is a {meta.get('general.architecture')!r} GGUF, not {arch!r}: pass the base the adapter is for")
+    return {n: t['shape'] for n, t in ts.items() if len(t['shape']) == 2}
+
+def _pad_to_base(tensors: dict, shapes: dict, base_gguf) -> dict:
+    "Each `lora_a` padded with zero columns to its base matrix's inputs, each `lora_b` with zero rows to its outputs."
+    import numpy as np
+    out = {}
+    for n, a in tensors.items():
+        w, ab = n.rsplit('.lora_', 1)
+        if w not in shapes: raise ValueError(f"export_lora_gguf: {base_gguf} has no tensor {w} for the adapter's {n}")
+        want = (a.shape[0], shapes[w][1]) if ab == 'a' else (shapes[w][0], a.shape[1])
+        if a.shape[0] > want[0] or a.shape[1] > want[1]:
+            raise ValueError(f"export_lora_gguf: the adapter's {n} {a.shape} does not fit {base_gguf}'s {w} {shapes[w]}: another base")
+        out[n] = np.zeros(want, np.float32); out[n][:a.shape[0], :a.shape[1]] = a
+    return out
+
+
 # %% ../nbs/06f_lora.ipynb #7940e350
-def export_lora_gguf(adapter_dir, path, base=None, arch: str = 'bitnet', ffn_scale_after_lora: bool = True, overwrite: bool = False) -> dict:
-    "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32); returns `{gguf name: shape}`."
+def export_lora_gguf(adapter_dir, path, base=None, base_gguf=None, arch: str = 'bitnet', ffn_scale_after_lora: bool = True,
+                     overwrite: bool = False) -> dict:
+    "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32), padded as the base GGUF `base_gguf` is; returns `{gguf name: shape}`."
     if ffn_scale_after_lora and base is None:
         raise ValueError("export_lora_gguf: llama.cpp's bitnet graph scales the gate/up LoRA terms by the layer's weight scale; "
                          "pass base= (the model or folder the adapter was trained on) to undo it, or ffn_scale_after_lora=False")
@@ -287,5 +311,6 @@ def export_lora_gguf(adapter_dir, path, base=None, arch: str = 'bitnet', ffn_sca
     if path.exists() and not overwrite: raise FileExistsError(f"{path} already exists: choose another path or pass overwrite=True")
     lc = json.loads((adapter_dir/'adapter_config.json').read_text())
     tensors = _gguf_lora_tensors(load_file(str(adapter_dir/'adapter_model.safetensors')), adapter_dir, scales)
+    if base_gguf is not None: tensors = _pad_to_base(tensors, _gguf_base_shapes(base_gguf, arch), base_gguf)
     atomic_file(path, lambda tmp: _write_lora_gguf(tmp, arch, lc['lora_alpha'], tensors))
     return {n: a.shape for n, a in tensors.items()}
