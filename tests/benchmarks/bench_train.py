@@ -47,6 +47,11 @@ ACCUM = 1              # micro-batches per optimizer step (--grad-accum)
 DEVICE, CONFIG = 'cpu', None   # --device; --config: a HF config.json (or its folder) for a random-weight model
 ARMS = ['fp', 'hf_autobitlinear', 'hf_trainer', 'wf_bitlinear', 'wf_trainer', 'wf_fakequant']
 
+def watch_optimizer(opt):
+    "A fused optimizer updates weights without bumping their versions: have it tell wf_nb's cached weight codes."
+    from wf_nb.quant import watch_optimizer as watch
+    return watch(opt)
+
 def batches(n, seed=0):
     import torch
     if CONFIG:   # random tokens: speed does not depend on what the tokens say
@@ -128,7 +133,7 @@ def arm_model(arm):
 
 def plain_loop(model, data, precision, warmup, opt=None):
     import torch
-    opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    opt = opt or watch_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     times = []
     for i in range(len(data) // ACCUM):   # one optimizer step per ACCUM micro-batches
         micro = [{k: v.to(DEVICE) for k, v in b.items()} for b in data[i * ACCUM:(i + 1) * ACCUM]]
@@ -248,7 +253,7 @@ def profile(arm, precision, steps, warmup):
         sync(); wall = time.perf_counter() - t0[0]; prof.stop()
     else:
         model.to(DEVICE)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        opt = watch_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
         plain_loop(model, data[:warmup], precision, warmup, opt)   # one optimizer: its state is made in the warm-up, not profiled
         for n, m in model.named_modules():
             if layer_kind(n): m.register_forward_pre_hook(pre(n)); m.register_forward_hook(post(n))
@@ -286,7 +291,7 @@ def split(rounds, precision):
     torch.manual_seed(0)
     data = batches(2)
     models = {'fp': fp_model(), 'wf': wf_bitnet(fp_model())}
-    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, fused=True) for k, m in models.items()}
+    opts = {k: watch_optimizer(torch.optim.AdamW(m.parameters(), lr=1e-5, fused=True)) for k, m in models.items()}
     res = {'fp': [], 'wf_bitlinear': [], 'wf_fakequant': []}
     for r in range(rounds + 1):   # round 0 warms up
         for arm in res:
@@ -311,7 +316,7 @@ def codes_ab(rounds, precision):
     torch.manual_seed(0)
     model = wf_bitnet(fp_model()); compile_blocks(model)
     layers, data = [m for _, m in bitlinears(model)], batches(2 * ACCUM)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    opt = watch_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
     def step(cached, k):
         for m in layers: m.codes_per_step = cached   # False: the compiled forward quantizes its weight itself (a second graph)
         c0 = time.thread_time()
