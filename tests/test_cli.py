@@ -143,12 +143,45 @@ def test_export_generate_eval(wf, tmp_path):
     r = wf('generate', tmp_path / 'packed', '--prompt', 'x', '--max-new-tokens', '100000', check=False, env=ENV)
     assert r.returncode == 2 and "past the model's context" in r.stderr and 'Traceback' not in r.stderr, r.stderr
     (tmp_path / 'heldout.txt').write_text('Now is the winter of our discontent made glorious summer. ' * 20)
-    (tmp_path / 'mc.jsonl').write_text(json.dumps({'context': 'The cat sat on the', 'choices': [' mat', ' moon'], 'label': 0}) + '\n')
+    items = _mc_with_known_answers(tmp_path / 'runs' / run)
+    (tmp_path / 'mc.jsonl').write_text(''.join(json.dumps(it) + '\n' for it in items))
     r = wf('eval', run, '--data', tmp_path / 'heldout.txt', '--mc', tmp_path / 'mc.jsonl', '--json', tmp_path / 'eval.json', env=ENV)
     res = json.loads((tmp_path / 'eval.json').read_text())
     ppl = res['perplexity']['perplexity']
     assert ppl > 1 and ppl == ppl and ppl != float('inf') and res['perplexity']['n_tokens'] > 100, res
-    assert res['mc']['n'] == 1 and res['mc']['acc'] in (0.0, 1.0), res
+    # half the labels are the choice the model prefers (scored another way: one unpadded forward per choice), half are not
+    assert res['mc']['n'] == len(items) >= 4 and res['mc']['acc'] == 0.5, (res['mc'], items)
+
+MC_CANDIDATES = [('The cat sat on the', [' mat', ' moon']), ('To be, or not to', [' be', ' sing']), ('Good night, sweet', [' prince', ' table']),
+                 ('Now is the winter of our', [' discontent', ' breakfast']), ('All the world', ["'s a stage", ' is blue']),
+                 ('Friends, Romans,', [' countrymen', ' bicycles']), ('The lady doth protest too', [' much', ' green']),
+                 ('A horse! A horse! My kingdom for a', [' horse', ' spoon']), ('What light through yonder window', [' breaks', ' sleeps']),
+                 ('Once more unto the', [' breach', ' kitchen'])]
+
+def _mc_with_known_answers(run_dir, margin=1e-3):
+    """Two-choice items whose answer is known: the run's model scored with stock code (wf_nb.load, one forward per choice,
+    no padding or batching), kept where it prefers one choice by more than `margin` nats; labels alternate between the
+    preferred and the other choice, so a correct `wf eval` reports accuracy exactly 0.5."""
+    code = ("import json, sys, torch, wf_nb; from transformers import AutoTokenizer; from wf_nb.registry import Run, run_output\n"
+            "p = run_output(Run(__import__('pathlib').Path(sys.argv[1]))); m = wf_nb.load(p).eval(); tok = AutoTokenizer.from_pretrained(p)\n"
+            "out = []\n"
+            "for ctx, choices in json.loads(sys.argv[2]):\n"
+            "    n, lps = len(tok(ctx, add_special_tokens=False).input_ids), []\n"
+            "    for ch in choices:\n"
+            "        ids = tok(ctx + ch, add_special_tokens=False).input_ids\n"
+            "        with torch.no_grad(): lp = m(torch.tensor([ids])).logits[0].double().log_softmax(-1)\n"
+            "        lps.append(sum(lp[i - 1, ids[i]].item() for i in range(n, len(ids))))\n"
+            "    out.append(lps)\n"
+            "print(json.dumps(out))")
+    r = subprocess.run([sys.executable, '-c', code, str(run_dir), json.dumps(MC_CANDIDATES)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, **ENV})
+    assert r.returncode == 0, r.stderr[-3000:]
+    items = []
+    for (ctx, choices), lps in zip(MC_CANDIDATES, json.loads(r.stdout.strip().splitlines()[-1])):
+        if abs(lps[0] - lps[1]) <= margin: continue
+        best = int(lps[1] > lps[0])
+        items.append({'context': ctx, 'choices': choices, 'label': best if len(items) % 2 == 0 else 1 - best})
+    return items[:len(items) // 2 * 2]   # an even number: exactly half right
 
 def test_pipeline_runs_stages_on_one_budget(wf, tmp_path):
     args = ['pipeline', *TINY, '--tokens', '256', '--split', '0.5']   # 64 tokens a step: 2 steps of 1.9, 2 of 2
