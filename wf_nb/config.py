@@ -128,6 +128,7 @@ class PeftConfig:
     dropout: float = 0.0                # dropout on the adapter's input
     targets: str = 'q,k,v,o,gate,up,down'   # comma-separated projections: q, k, v, o, gate, up, down
     input: str = 'float'                # what the adapter reads: float (the layer's input, as stock PEFT/llama.cpp) | quant (the int8-quantized input the base multiplies)
+    checkpointing: bool = True          # recompute the frozen blocks' activations in the backward (activation checkpointing): the adapter run's peak memory
 
 # %% ../nbs/00a_config.ipynb #d6d49cba
 @dataclass

@@ -15,8 +15,8 @@ from .io import atomic_dir
 
 # %% auto #0
 __all__ = ['TARGET_MODULES', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear', 'LoraBitLinear', 'lora_config', 'base_digest',
-           'freeze_base', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter',
-           'hf_peft_model', 'merge_requantize', 'export_lora_gguf']
+           'freeze_base', 'checkpoint_blocks', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir',
+           'load_adapter', 'hf_peft_model', 'merge_requantize', 'export_lora_gguf']
 
 # %% ../nbs/06f_lora.ipynb #a1deef94
 class FrozenBitLinear(nn.Module):
@@ -120,6 +120,16 @@ def freeze_base(model: nn.Module) -> nn.Module:
     for p in model.parameters(): p.requires_grad_(False)
     return model
 
+# %% ../nbs/06f_lora.ipynb #e4b19d0b
+def checkpoint_blocks(model: nn.Module) -> bool:
+    "Activation checkpointing of `model`'s decoder blocks (non-reentrant) where transformers supports it; returns whether it is on."
+    if not getattr(model, 'supports_gradient_checkpointing', False): return False
+    enable = getattr(model, 'activation_checkpointing_enable', None)
+    if enable is not None: enable({'use_reentrant': False})
+    else: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})
+    return True
+
+
 # %% ../nbs/06f_lora.ipynb #09c608f9
 def add_lora(model: nn.Module, pc, seed: int | None = None) -> nn.Module:
     "Freeze `model` to its integer form and inject LoRA adapters as `pc` (`cfg.peft`) says; returns `model` (changed in place)."
@@ -131,6 +141,7 @@ def add_lora(model: nn.Module, pc, seed: int | None = None) -> nn.Module:
         warnings.filterwarnings('ignore', message='Unsupported layer type')   # PEFT's note on custom layers: registered above
         if seed is not None: torch.manual_seed(seed)
         inject_adapter_in_model(lora_config(pc), model)
+    if getattr(pc, 'checkpointing', False): checkpoint_blocks(model)   # training memory (peft.checkpointing)
     model.wf_peft = pc
     model.wf_base_digest = digest
     model.wf_checkpoint_keys = frozenset(n for n, p in model.named_parameters() if p.requires_grad)
