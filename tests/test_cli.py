@@ -149,8 +149,9 @@ def test_export_generate_eval(wf, tmp_path):
     res = json.loads((tmp_path / 'eval.json').read_text())
     ppl = res['perplexity']['perplexity']
     assert ppl > 1 and ppl == ppl and ppl != float('inf') and res['perplexity']['n_tokens'] > 100, res
-    # half the labels are the choice the model prefers (scored another way: one unpadded forward per choice), half are not
-    assert res['mc']['n'] == len(items) >= 4 and res['mc']['acc'] == 0.5, (res['mc'], items)
+    # every label is the choice the model prefers (scored another way: one unpadded forward per choice), at index 0 and 1
+    # in turn: a correct `wf eval` scores 1.0, one that always picks the same index 0.5, an inverted one 0.0
+    assert res['mc']['n'] == len(items) >= 4 and res['mc']['acc'] == 1.0, (res['mc'], items)
 
 MC_CANDIDATES = [('The cat sat on the', [' mat', ' moon']), ('To be, or not to', [' be', ' sing']), ('Good night, sweet', [' prince', ' table']),
                  ('Now is the winter of our', [' discontent', ' breakfast']), ('All the world', ["'s a stage", ' is blue']),
@@ -160,8 +161,8 @@ MC_CANDIDATES = [('The cat sat on the', [' mat', ' moon']), ('To be, or not to',
 
 def _mc_with_known_answers(run_dir, margin=1e-3):
     """Two-choice items whose answer is known: the run's model scored with stock code (wf_nb.load, one forward per choice,
-    no padding or batching), kept where it prefers one choice by more than `margin` nats; labels alternate between the
-    preferred and the other choice, so a correct `wf eval` reports accuracy exactly 0.5."""
+    no padding or batching), kept where it prefers one choice by more than `margin` nats; the label is always the
+    preferred choice, put first and second in turn, so a correct `wf eval` reports accuracy exactly 1.0."""
     code = ("import json, sys, torch, wf_nb; from transformers import AutoTokenizer; from wf_nb.registry import Run, run_output\n"
             "p = run_output(Run(__import__('pathlib').Path(sys.argv[1]))); m = wf_nb.load(p).eval(); tok = AutoTokenizer.from_pretrained(p)\n"
             "out = []\n"
@@ -179,9 +180,9 @@ def _mc_with_known_answers(run_dir, margin=1e-3):
     items = []
     for (ctx, choices), lps in zip(MC_CANDIDATES, json.loads(r.stdout.strip().splitlines()[-1])):
         if abs(lps[0] - lps[1]) <= margin: continue
-        best = int(lps[1] > lps[0])
-        items.append({'context': ctx, 'choices': choices, 'label': best if len(items) % 2 == 0 else 1 - best})
-    return items[:len(items) // 2 * 2]   # an even number: exactly half right
+        best, want = int(lps[1] > lps[0]), len(items) % 2          # the preferred choice goes to index 0, 1, 0, 1, ...
+        items.append({'context': ctx, 'choices': list(choices) if best == want else list(choices)[::-1], 'label': want})
+    return items[:len(items) // 2 * 2]   # as many answers at index 0 as at 1
 
 def test_pipeline_runs_stages_on_one_budget(wf, tmp_path):
     args = ['pipeline', *TINY, '--tokens', '256', '--split', '0.5']   # 64 tokens a step: 2 steps of 1.9, 2 of 2
