@@ -143,3 +143,12 @@ def test_wf_errors_derive_from_wferror():
     assert {'ConfigError', 'CheckpointError', 'RunExistsError', 'DiskFull'} <= set(classes), sorted(classes)
     bad = [f"wf_nb/{classes[n][0]}.py: class {n}({', '.join(classes[n][1])})" for n in sorted(classes) if not ok(n)]
     assert not bad, "derive these from wf_nb.errors.WFError too:\n" + '\n'.join(bad)
+
+
+def test_run_statuses_are_named_once():
+    """A run status is written as a `Status` member everywhere; its text appears only in the enum (wf_nb/status.py).
+    (FAILED and OK are also plain report words, e.g. `wf smoke: FAILED`, so the check names the three a run's life uses.)"""
+    pat = re.compile(r"""['"](RUNNING|INTERRUPTED|COMPLETED)['"]""")
+    bad = [f"wf_nb/{py.name}:{i + 1}: {l.strip()}" for py in sorted(PKG.glob('*.py')) if py.stem not in ('status', '_modidx')
+           for i, l in enumerate(py.read_text().splitlines()) if pat.search(l)]
+    assert not bad, "use wf_nb.status.Status:\n" + '\n'.join(bad)

@@ -4,33 +4,21 @@
 
 # %% ../nbs/06a_registry.ipynb #2cbc5fd0
 from __future__ import annotations
-import datetime as dt, enum, fcntl, json, os, re, shutil, signal, socket, sys, time
+import datetime as dt, fcntl, json, os, re, shutil, signal, socket, sys, time
 from dataclasses import dataclass
 from fastcore.basics import patch
 from pathlib import Path
 from .errors import RunConflict
+from .status import Status, STATUSES   # re-exported: `from wf_nb.registry import Status` keeps working
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
 from .io import atomic_dir, atomic_write_text, set_aside, sha256_files, shorten
 
 # %% auto #0
-__all__ = ['STATUSES', 'CHECKPOINTS', 'Status', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive',
-           'RunExistsError', 'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path',
-           'run_output', 'weights_digest', 'lineage_of', 'lineage_parent', 'check_parent', 'read_metrics',
-           'repair_metrics', 'resolve_run', 'completed_run', 'open_run', 'finish_run', 'copy_output', 'train_config',
-           'train_argv', 'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
-
-# %% ../nbs/06a_registry.ipynb #afc4a4f9
-class Status(str, enum.Enum):
-    "The status of a run, as metadata.json stores it. A str: `Status.COMPLETED == 'COMPLETED'`, and it prints as its value."
-    RUNNING = 'RUNNING'
-    INTERRUPTED = 'INTERRUPTED'
-    COMPLETED = 'COMPLETED'
-    FAILED = 'FAILED'
-    DAMAGED = 'DAMAGED'   # read only: a metadata.json that is not a JSON object
-    def __str__(self): return self.value
-    __format__ = str.__format__
-
-STATUSES = (Status.RUNNING, Status.INTERRUPTED, Status.COMPLETED, Status.FAILED)   # what `finish_run` may record
+__all__ = ['CHECKPOINTS', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
+           'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path', 'run_output',
+           'weights_digest', 'lineage_of', 'lineage_parent', 'check_parent', 'read_metrics', 'repair_metrics',
+           'resolve_run', 'completed_run', 'open_run', 'finish_run', 'copy_output', 'train_config', 'train_argv',
+           'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
 
 # %% ../nbs/06a_registry.ipynb #95727da8
 def default_runs_dir() -> Path: return Path(os.environ.get('WF_RUNS_DIR', 'runs'))

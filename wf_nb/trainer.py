@@ -13,6 +13,7 @@ from fastcore.basics import patch
 from .config import WFConfig, get_config
 from .optim import build_optimizer, schedule_for
 from .step import StepContext, lm_step, count_tokens, RunPlan
+from .status import Status
 from .parallel import make_accelerator, shard_model, compile_blocks, check_sharding
 from .checkpoint import rng_state, set_rng_state, full_state_dicts, load_checkpoint, CheckpointManager
 from .callbacks import (Callback, CancelStepException, SpikeRollback, ProgressiveContext, LossEMA, Budget, ProgressBar,
@@ -317,14 +318,14 @@ def summary(self: Trainer) -> dict:
 def fit(self: Trainer, resume=True) -> dict:
     "Train to `max_steps` (resuming if a checkpoint exists). Returns a summary with `status` and why it stopped."
     if resume: self.resume()
-    self.start_step, self.status, self.first_loss, self.last_loss = self.step, 'COMPLETED', None, None
+    self.start_step, self.status, self.first_loss, self.last_loss = self.step, Status.COMPLETED, None, None
     self.stop_reason = self.stop_message = self.stop_signal = None
     self._event('before_fit')
     try:
         while self.step < self.max_steps and not self.stop_reason:
             try: self._one_step()
             except CancelStepException: self._event('after_cancel_step')
-        if self.stop_reason: self.status = 'INTERRUPTED'; self.log(self.stop_message)
+        if self.stop_reason: self.status = Status.INTERRUPTED; self.log(self.stop_message)
     finally:
         self._event('after_fit')
         self.checkpoints.close()   # the last checkpoint leaves before the process does
