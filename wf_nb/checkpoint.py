@@ -15,8 +15,9 @@ from .errors import DiskFull, WFError
 from .io import atomic_dir, atomic_write_text, sha256_file
 
 # %% auto #0
-__all__ = ['rng_state', 'set_rng_state', 'is_fsdp', 'tied_aliases', 'full_state_dicts', 'CheckpointError', 'save_checkpoint',
-           'verify_checkpoint', 'load_checkpoint', 'list_checkpoints', 'latest_checkpoint', 'CheckpointManager']
+__all__ = ['CHECKPOINTS', 'rng_state', 'set_rng_state', 'is_fsdp', 'tied_aliases', 'full_state_dicts', 'CheckpointError',
+           'save_checkpoint', 'verify_checkpoint', 'load_checkpoint', 'list_checkpoints', 'latest_checkpoint',
+           'CheckpointManager']
 
 # %% ../nbs/05c_checkpoint.ipynb #267d4272
 def rng_state() -> dict:
@@ -140,9 +141,11 @@ def load_checkpoint(ckpt_dir, model: nn.Module, optimizer=None) -> dict:
     return torch.load(ckpt_dir/'state.pt', weights_only=True, map_location='cpu')
 
 # %% ../nbs/05c_checkpoint.ipynb #33becf46
+CHECKPOINTS = 'checkpoints'   # a run's folder of resumable training states: the one place its name is written
+
 def list_checkpoints(run_dir) -> list[Path]:
     "Complete-looking checkpoint dirs of a run, oldest first (temp dirs are ignored)."
-    d = Path(run_dir)/'checkpoints'
+    d = Path(run_dir)/CHECKPOINTS
     return sorted((p for p in d.glob('step_*') if p.is_dir() and re.fullmatch(r'step_\d+', p.name)), key=lambda p: int(p.name[5:])) if d.exists() else []
 
 def latest_checkpoint(run_dir, log=print) -> Path | None:
@@ -157,7 +160,7 @@ class CheckpointManager:
     "A run's checkpoints under `run_dir/checkpoints`: save, prune to keep-N + best, the newest good one, a remote copy."
     def __init__(self, run_dir, keep_last: int, remote=None, log: Callable = print):
         self.run_dir, self.keep_last, self.remote, self.log = Path(run_dir), keep_last, remote, log
-        self.root, self.best_file = self.run_dir/'checkpoints', self.run_dir/'best.json'
+        self.root, self.best_file = self.run_dir/CHECKPOINTS, self.run_dir/'best.json'
 
     def path(self, step: int) -> Path: return self.root/f'step_{step:08d}'
 

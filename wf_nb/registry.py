@@ -10,15 +10,16 @@ from fastcore.basics import patch
 from pathlib import Path
 from .errors import RunConflict
 from .status import Status, STATUSES   # re-exported: `from wf_nb.registry import Status` keeps working
+from .checkpoint import CHECKPOINTS
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
 from .io import atomic_dir, atomic_write_text, set_aside, sha256_files, shorten
 
 # %% auto #0
-__all__ = ['CHECKPOINTS', 'default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError',
-           'RunLockedError', 'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path', 'run_output',
-           'weights_digest', 'lineage_of', 'lineage_parent', 'check_parent', 'read_metrics', 'repair_metrics',
-           'resolve_run', 'completed_run', 'open_run', 'finish_run', 'copy_output', 'train_config', 'train_argv',
-           'list_runs', 'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
+__all__ = ['default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError', 'RunLockedError',
+           'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path', 'run_output', 'weights_digest',
+           'lineage_of', 'lineage_parent', 'check_parent', 'read_metrics', 'repair_metrics', 'resolve_run',
+           'completed_run', 'open_run', 'finish_run', 'copy_output', 'train_config', 'train_argv', 'list_runs',
+           'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
 
 # %% ../nbs/06a_registry.ipynb #95727da8
 def default_runs_dir() -> Path: return Path(os.environ.get('WF_RUNS_DIR', 'runs'))
@@ -65,8 +66,6 @@ def _warn_once(msg):
     if msg not in _WARNED: _WARNED.add(msg); print(f"warning: {msg}", file=sys.stderr)
 
 # %% ../nbs/06a_registry.ipynb #a891f260
-CHECKPOINTS = 'checkpoints'   # the run's folder of resumable training states
-
 @dataclass
 class Run:
     "A run directory and its metadata."
