@@ -17,7 +17,7 @@ B=tests/benchmarks/bench_train.py; ARMS=${ARMS:-fp,hf_autobitlinear,wf_bitlinear
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" 2>&1 | tee -a "$OUT/gpu.txt"
 for what in ${WHAT:-nb bench qwen}; do case $what in
-  nb) timeout 150 python3 tests/benchmarks/run_nb.py nbs/02_kernels.ipynb --flags cuda --keep-going 2>&1 | tee "$OUT/nb_kernels.log" ;;
+  nb) timeout 240 python3 tests/benchmarks/run_nb.py nbs/02_kernels.ipynb --flags cuda --keep-going 2>&1 | tee "$OUT/nb_kernels.log" ;;
   bench) timeout 240 python3 $B --device cuda --config "$SMOL" --batch-size 16 --seq-len 1024 --steps 8 --warmup 3 --precisions bf16 \
            --arms "$ARMS" --repeats ${REPEATS:-1} 2>&1 | tee "$OUT/bench_smollm2.log" ;;
   bench32) timeout 150 python3 $B --device cuda --config "$SMOL" --batch-size 32 --seq-len 1024 --steps 6 --warmup 3 --precisions bf16 \

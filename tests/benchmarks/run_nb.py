@@ -28,18 +28,20 @@ def main():
         if cell.cell_type != 'code': return True
         d = getattr(cell, 'directives_', {}) or {}
         return d.get('eval:', [''])[0].lower() == 'false' or bool(skip & d.keys())
-    shell, t0, ok = CaptureShell(fn), time.time(), True
-    try:
-        with working_directory(fn.parent): shell.run_all(nb, exc_stop=not a.keep_going, preproc=no_eval)
-    except Exception:
-        sys.stderr.write(shell.prettytb(fname=fn) + '\n'); ok = False
-    for c in nb.cells:
-        for o in (getattr(c, 'outputs', None) or []):
+    shell, t0, failed = CaptureShell(fn), time.time(), []
+    def report(cell):   # print as each cell ends: a run cut off by `timeout` on a lent GPU still shows what it reached
+        for o in (getattr(cell, 'outputs', None) or []):
             if o.get('name') == 'stdout': print(''.join(o['text']), end='')
             if o.get('output_type') == 'error':
-                ok = False
-                print(f"FAILED cell {c.get('id')} ({c.source.splitlines()[0] if c.source else ''}): {o['ename']}: {o['evalue']}")
+                failed.append(cell.get('id'))
+                print(f"FAILED cell {cell.get('id')} ({cell.source.splitlines()[0] if cell.source else ''}): {o['ename']}: {o['evalue']}")
                 print('\n'.join(o.get('traceback', [])[-6:]))
+        print(f"[cell {cell.get('id')} done at {time.time() - t0:.0f} s]", flush=True)
+    try:
+        with working_directory(fn.parent): shell.run_all(nb, exc_stop=not a.keep_going, preproc=no_eval, postproc=report)
+    except Exception:
+        sys.stderr.write(shell.prettytb(fname=fn) + '\n'); failed.append('run')
+    ok = not failed
     if a.save: write_nb(nb, a.save)
     print(f"{fn.name}: {'passed' if ok else 'FAILED'} in {time.time() - t0:.0f} s (flags: {a.flags or 'none'})")
     sys.exit(0 if ok else 1)
