@@ -232,16 +232,17 @@ def _rotate_half(x): return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.sha
 
 # %% ../nbs/03a_export.ipynb #e9f8f2b2
 class _Proj:
-    "One or more PackedBitLinears that read the same input, fused: their int8 weights side by side, one scale per output."
+    "One or more PackedBitLinears that read the same input, fused: their int8 weights stacked, one scale per output."
     def __init__(self, mods):
-        # [K, N] int8 as `torch._int_mm` reads it; unpacked here, not through `m.ternary()`, whose cache would hold a second copy
-        self.w = torch.cat([unpack_ternary(m.weight, m.out_features) for m in mods]).t().contiguous()
+        # [N, K] int8, which `torch._int_mm` reads transposed (each output's K codes contiguous: the fast layout for one-row
+        # products); unpacked here, not through `m.ternary()`, whose cache would hold a second copy
+        self.w = torch.cat([unpack_ternary(m.weight, m.out_features) for m in mods])
         self.s = torch.cat([m.weight_scale.float().expand(m.out_features) for m in mods])
         self.b = None if mods[0].bias is None else torch.cat([m.bias.float() for m in mods])
         self.split = [m.out_features for m in mods]
     def __call__(self, x: torch.Tensor, out_dtype) -> torch.Tensor:
         xq, xs = act_codes(x, backend='torch')   # PackedBitLinear's quantizer
-        y = torch.div(torch._int_mm(xq, self.w), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
+        y = torch.div(torch._int_mm(xq, self.w.t()), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
         if self.b is not None: y += self.b
         return y.to(out_dtype)
 
@@ -287,12 +288,13 @@ class FastDecoder:
 # %% ../nbs/03a_export.ipynb #f896efd1
 @patch
 def _alloc(self: FastDecoder, n: int):
-    "A static KV cache of `n` positions and RoPE tables for them (transformers' own rotary embedding)."
+    "A static KV cache of `n` positions and RoPE tables for them (transformers' own rotary embedding), `[n, 1, D]` to broadcast over heads."
     if n <= self.cache_len: return
     z = lambda: torch.zeros(self.KV, n, self.D, dtype=self.dtype)
     self.k, self.v = [z() for _ in self.layers], [z() for _ in self.layers]
     cos, sin = self.model.model.rotary_emb(torch.zeros(1, dtype=self.dtype), torch.arange(n)[None])
-    self.cos, self.sin, self.cache_len = cos[0], sin[0], n
+    half = self.D // 2   # `rotate_half(x) * sin` is `x.roll(half) * sin_signed` (sign flips are exact): one op instead of four
+    self.cos, self.sin, self.cache_len = cos[0, :, None], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)[:, None], n
 
 # %% ../nbs/03a_export.ipynb #1eac7966
 @patch
@@ -302,10 +304,11 @@ def forward(self: FastDecoder, ids: torch.Tensor, pos: int) -> torch.Tensor:
     h = self.model.model.embed_tokens(ids)
     cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
     for i, L in enumerate(self.layers):
-        q, k, v = L['qkv'](_rms(h, L['ln1'], self.eps), dt).split(L['qkv'].split, -1)
-        q, k = q.view(T, H, D).transpose(0, 1), k.view(T, KV, D).transpose(0, 1)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        self.k[i][:, pos:pos + T], self.v[i][:, pos:pos + T] = k, v.view(T, KV, D).transpose(0, 1)
+        qkv = L['qkv'](_rms(h, L['ln1'], self.eps), dt)
+        qk = qkv[:, :(H + KV) * D].view(T, H + KV, D)
+        qk = (qk * cos + qk.roll(D // 2, -1) * sin).transpose(0, 1)   # RoPE of q and k together: [H + KV, T, D]
+        q, k, v = qk[:H], qk[H:], qkv[:, (H + KV) * D:].view(T, KV, D).transpose(0, 1)
+        self.k[i][:, pos:pos + T], self.v[i][:, pos:pos + T] = k, v
         a = F.scaled_dot_product_attention(q[None], self.k[i][None, :, :pos + T], self.v[i][None, :, :pos + T],
                                            is_causal=T > 1, scale=self.scale, enable_gqa=H != KV)
         h = h + L['o'](_rms(a[0].transpose(0, 1).reshape(T, H * D), L['sub1'], self.eps), dt)

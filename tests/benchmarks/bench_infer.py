@@ -15,7 +15,7 @@ speeds are the median (or `--stat best`) of --repeat runs.
 CKPT_DIR: a wf_nb student checkpoint (e.g. `wf train ... --out DIR`); without it, the untrained Stage-1 conversion
 is used (fine for speed and size, not for perplexity).
 """
-import argparse, json, math, os, re, subprocess, sys, time
+import argparse, json, math, os, re, statistics, subprocess, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +68,31 @@ def size_mib(p: Path) -> float:
     return (p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob('*.safetensors'))) / 2**20
 
 
+class TokenClock:
+    "A `generate` streamer that only timestamps: `put` #0 is the prompt (before the prefill), then one `put` per new token."
+    def __init__(self): self.t = []
+    def put(self, value): self.t.append(time.perf_counter())
+    def end(self): pass
+
+
+def timed_generate(model, x, new, fast):
+    """(prefill tok/s, decode tok/s) of one greedy generation of exactly `new` tokens (`min_new_tokens`: no early EOS).
+    Both sides use llama_row's definition: prefill = prompt tokens / time to the first new token; decode = the
+    `new - 1` tokens after it / their time (prefill excluded). wf_nb's fast path times itself (`generate_stats`: the
+    same two spans); transformers' `generate` is timed by a streamer."""
+    import torch
+    kw = dict(do_sample=False, attention_mask=torch.ones_like(x), pad_token_id=0, max_new_tokens=new, min_new_tokens=new)
+    if fast:
+        out = model.generate(x, **kw)
+        st = model.generate_stats
+        assert st['new_tokens'] == new == out.shape[1] - x.shape[1], st
+        return st['prompt_tokens'] / st['prefill_s'], (st['new_tokens'] - 1) / st['decode_s']
+    clock = TokenClock()
+    out = model.generate(x, streamer=clock, **kw)
+    assert out.shape[1] - x.shape[1] == new == len(clock.t) - 1, (out.shape, len(clock.t))
+    return x.shape[1] / (clock.t[1] - clock.t[0]), (new - 1) / (clock.t[-1] - clock.t[1])
+
+
 def torch_row(kind, path, threads, ids, prompt, new):
     "Prefill/decode tokens/s and perplexity of a transformers-style model (runs in this process)."
     import torch
@@ -83,18 +108,13 @@ def torch_row(kind, path, threads, ids, prompt, new):
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(path).eval()
     x = torch.tensor([ids[:prompt]])
+    fast = kind.startswith('wf_nb')   # wf_nb.load routes one greedy sequence through FastDecoder
     with torch.inference_mode():
-        pres, decs = [], []
-        kw = dict(do_sample=False, attention_mask=torch.ones_like(x), pad_token_id=0)
-        for _ in range(REPEAT):   # the machine is shared: the median (or best) of REPEAT runs
-            t0 = time.perf_counter(); model(x); pres.append(prompt / (time.perf_counter() - t0))
-            t0 = time.perf_counter(); model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw); t1 = time.perf_counter() - t0
-            t0 = time.perf_counter(); out = model.generate(x, max_new_tokens=new, min_new_tokens=new, **kw); tn = time.perf_counter() - t0
-            decs.append((out.shape[1] - prompt - 1) / max(tn - t1, 1e-9))
-        pre, dec = pick(pres), pick(decs)
+        timed_generate(model, x, min(new, 4), fast)    # warm-up (allocator, caches), untimed; llama_row does the same
+        pres, decs = zip(*[timed_generate(model, x, new, fast) for _ in range(REPEAT)])   # the median (or best) of REPEAT
         lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
         nll = -lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean().item()
-    return dict(prefill_tps=pre, decode_tps=dec, ppl=math.exp(nll), rss_mib=vm_hwm_mib())
+    return dict(prefill_tps=pick(pres), decode_tps=pick(decs), ppl=math.exp(nll), rss_mib=vm_hwm_mib())
 
 
 def round_embedding(model, embed_type):
@@ -115,11 +135,13 @@ def vm_hwm_mib() -> float:
 def llama_row(path, threads, ids, prompt, new):
     "The same numbers from llama.cpp (a node process)."
     req = dict(model=str(path), threads=threads, ctx=1024,
-               ops=[dict(op='bench', tokens=ids[:prompt], n=new + 1)] * REPEAT + [dict(op='logprobs', tokens=ids)])
+               ops=[dict(op='bench', tokens=ids[:prompt], n=min(new, 4))]                 # warm-up, untimed (as torch_row)
+               + [dict(op='bench', tokens=ids[:prompt], n=new)] * REPEAT + [dict(op='logprobs', tokens=ids)])
     r = subprocess.run(['node', str(NODE_SCRIPT)], input=json.dumps(req), capture_output=True, text=True, timeout=1800)
     if r.returncode: raise SystemExit(f"llama.cpp failed on {path}: {r.stderr[-2000:]}")
     out = json.loads(r.stdout)
-    bs, lp = out['results'][:-1], out['results'][-1]['logprobs']
+    bs, lp = out['results'][1:-1], out['results'][-1]['logprobs']
+    assert all(b['generated'] == new for b in bs), bs   # exactly `new` tokens: the bench op does not stop at EOS
     return dict(prefill_tps=pick([b['prefill_tps'] for b in bs]), decode_tps=pick([b['decode_tps'] for b in bs]),
                 ppl=math.exp(-sum(lp) / len(lp)), rss_mib=out['max_rss_mb'])
 
@@ -147,7 +169,10 @@ def main():
     ap.add_argument('--repeat', type=int, default=3, help='speeds are the median (or best) of this many runs')
     ap.add_argument('--stat', choices=['median', 'best'], default='median')
     ap.add_argument('--grid', action='store_true', help='also every ternary type x embedding type, and wf_nb with each rounded embedding')
-    ap.add_argument('--only', help='substring of the row labels to run'); ap.add_argument('--row', help=argparse.SUPPRESS)
+    ap.add_argument('--only', nargs='+', help='run only the rows whose label contains one of these substrings')
+    ap.add_argument('--rounds', type=int, default=1, help='run every row this many times, interleaved (round r of every row '
+                    'before round r+1: load changes on a shared machine hit all rows alike); the table gives the medians')
+    ap.add_argument('--row', help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.row:   # one row in this process (its own peak RSS: no tokenizer or FP model loaded here): print its JSON
         label, rt, key, how = next(r for r in ROWS + GRID_ROWS if r[0] == a.row)
@@ -160,22 +185,29 @@ def main():
     tok = load_tokenizer(get_config(model='smollm2_135m').model)
     ids = held_out_ids(tok, a.ppl_tokens)
     paths = {k: str(v) for k, v in prepare(a.student, a.work, tok, a.grid).items()}
-    lines = [f"| runtime | model | threads | file MiB | peak RSS MiB | prefill tok/s | decode tok/s | perplexity |",
-             "|---|---|---|---|---|---|---|---|"]
-    for t in a.threads:
-        for label, rt, key, how in ROWS + (GRID_ROWS if a.grid else []):
-            if a.only and a.only not in label: continue
+    rows = [(t, *r) for t in a.threads for r in ROWS + (GRID_ROWS if a.grid else [])
+            if not a.only or any(o in r[0] for o in a.only)]
+    res = {}
+    for rnd in range(a.rounds):
+        for t, label, rt, key, how in rows:
             r = subprocess.run([sys.executable, __file__, '--row', label, '--threads', str(t), '--prompt', str(a.prompt), '--new', str(a.new),
                                 '--ppl-tokens', str(a.ppl_tokens)], capture_output=True, text=True,
                                env={**os.environ, 'WF_BENCH_PATHS': json.dumps(paths), 'WF_BENCH_IDS': json.dumps(ids), 'OMP_NUM_THREADS': str(t),
                                     'WF_BENCH_REPEAT': str(a.repeat), 'WF_BENCH_STAT': a.stat})
             if r.returncode: print(f"{label}: failed\n{r.stderr[-2000:]}", file=sys.stderr); continue
             d = json.loads(r.stdout.strip().splitlines()[-1])
-            lines.append(f"| {rt} | {label} | {t} | {size_mib(Path(paths[key])):.1f} | {d['rss_mib']:.0f} | {d['prefill_tps']:.1f} | "
-                         f"{d['decode_tps']:.1f} | {d['ppl']:.1f} |")
-            print(lines[-1], flush=True)
+            res.setdefault((t, label), []).append(d)
+            print(f"round {rnd + 1}/{a.rounds}: {label}, {t} thread(s): prefill {d['prefill_tps']:.1f}, decode {d['decode_tps']:.1f} tok/s, "
+                  f"perplexity {d['ppl']:.1f}", flush=True)
+    lines = [f"| runtime | model | threads | file MiB | peak RSS MiB | prefill tok/s | decode tok/s | perplexity |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t, label, rt, key, how in rows:
+        if (t, label) not in res: continue
+        med = lambda k: statistics.median(d[k] for d in res[(t, label)])
+        lines.append(f"| {rt} | {label} | {t} | {size_mib(Path(paths[key])):.1f} | {med('rss_mib'):.0f} | {med('prefill_tps'):.1f} | "
+                     f"{med('decode_tps'):.1f} | {med('ppl'):.1f} |")
     table = '\n'.join(lines)
-    print(f"\nprompt {a.prompt} tokens, {a.new} generated (hf-bitnet: 8), {a.stat} of {a.repeat}; perplexity on {len(ids)} held-out tokens\n{table}")
+    print(f"\nprompt {a.prompt} tokens, {a.new} generated (hf-bitnet: 8), {a.stat} of {a.repeat} runs in each row's process, median over {a.rounds} interleaved round(s); perplexity on {len(ids)} held-out tokens\n{table}")
     if a.out: a.out.write_text(table + '\n')
 
 

@@ -4,7 +4,7 @@
 //   {"op": "tokenize", "texts": [...]}                      -> {"tokens": [[ids], ...]}  (special tokens parsed, no BOS)
 //   {"op": "logprobs", "tokens": [ids]}                     -> {"logprobs": [log p(t[i+1] | t[..i])], "top1": [argmax]}
 //   {"op": "generate", "tokens": [ids], "n": N}             -> {"tokens": [greedy ids]}
-//   {"op": "bench", "tokens": [ids], "n": N}                -> {"prefill_tps", "decode_tps"}
+//   {"op": "bench", "tokens": [ids], "n": N}                -> {"prefill_tps", "decode_tps", "generated"} (N tokens, EOS or not)
 // The package is found in $WF_NODE_LLAMA_CPP (the folder npm installed it into) or ~/.cache/wf_nb/node-llama-cpp.
 import { readFileSync } from "node:fs";
 import { homedir } from "node:os";
@@ -41,7 +41,8 @@ for (const op of req.ops) {
     const [context, seq] = await fresh();
     const toks = [];
     let t1 = performance.now(), t2 = null;
-    for await (const t of seq.evaluate(op.tokens, { temperature: 0 })) {
+    // bench: exactly n tokens (an end-of-generation token does not stop it, as min_new_tokens on the torch side)
+    for await (const t of seq.evaluate(op.tokens, { temperature: 0, yieldEogToken: op.op === "bench" })) {
       if (t2 === null) t2 = performance.now();   // the first token comes right after the prompt's forward
       toks.push(t);
       if (toks.length >= op.n) break;
