@@ -32,9 +32,16 @@ for (const op of req.ops) {
   } else if (op.op === "logprobs") {
     const [context, seq] = await fresh();
     const items = op.tokens.slice(0, -1).map((t) => [t, { generateNext: { probabilities: true, options: full } }]);
-    const res = await seq.controlledEvaluate(items);
-    const lp = res.map((r, i) => Math.log(r.next.probabilities.get(op.tokens[i + 1]) ?? 0));
-    const top = res.map((r) => r.next.probabilities.keys().next().value);   // the map is sorted, most probable first
+    const lp = [], top = [];
+    // in chunks on one sequence (its KV cache carries the context on): a vocabulary-sized map per position would
+    // exhaust node's heap over a few thousand positions, so each chunk's maps are dropped once read
+    for (let s = 0; s < items.length; s += 256) {
+      const res = await seq.controlledEvaluate(items.slice(s, s + 256));
+      res.forEach((r, j) => {
+        lp.push(Math.log(r.next.probabilities.get(op.tokens[s + j + 1]) ?? 0));
+        top.push(r.next.probabilities.keys().next().value);   // the map is sorted, most probable first
+      });
+    }
     out.results.push({ logprobs: lp, top1: top });
     await context.dispose();
   } else if (op.op === "generate" || op.op === "bench") {
