@@ -427,12 +427,13 @@ def _args_eval(sub):
     "`wf eval`."
     e = sub.add_parser('eval', help='perplexity / multiple choice / task accuracy')
     e.add_argument('src', help='run id, run dir, checkpoint dir, or a model preset (its FP model, e.g. smollm2_135m)'); e.add_argument('--data'); e.add_argument('--mc')
-    e.add_argument('--task'); e.add_argument('--json', dest='out_json'); e.add_argument('--runs-dir', default=None)
+    e.add_argument('--task', help='task accuracy: shakespeare_genre, shakespeare_next_line (offline, built in) or a {text, label} JSONL file')
+    e.add_argument('--json', dest='out_json'); e.add_argument('--runs-dir', default=None)
     e.add_argument('--seq-len', type=int, default=512, help='perplexity window'); e.add_argument('--stride', type=int)
     e.add_argument('--limit', type=int, help='at most this many MC items / task examples')
     e.add_argument('--max-tokens', type=int, help='score at most this many tokens of --data')
     e.add_argument('--lm-eval', metavar='TASKS', help='lm-evaluation-harness tasks, comma-separated: wf_shakespeare_genre, '
-                   'wf_shakespeare_cloze (offline, built in), a task YAML, a --mc style JSONL file, or a harness task name')
+                   'wf_shakespeare_cloze, wf_shakespeare_next_line (offline, built in), a task YAML, a --mc style JSONL file, or a harness task name')
     e.add_argument('--calibrate', action='store_true', help='--task: also report content-free calibrated accuracy (Zhao et al. 2021)')
     e.add_argument('--num-fewshot', type=int, help='few-shot examples for --lm-eval tasks (default: the task\'s own)')
 

@@ -317,12 +317,15 @@ def _fit_context(model, seq_len: int, max_len: int, log=print) -> tuple[int, int
 
 # %% ../nbs/08_eval.ipynb #8b6d6b76
 def _task_rows(task, limit: int | None = None):
-    "`(rows, ClassificationTask)` for `task`: the built-in `shakespeare_genre` or a `{text, label}` JSONL file."
+    "`(rows, task)` for `task`: a built-in task (`shakespeare_genre`, `shakespeare_next_line`) or a `{text, label}` JSONL file."
     from wf_nb.tasks import ClassificationTask
     if task == 'shakespeare_genre':
         from wf_nb.tasks import shakespeare_genre, GENRE_TASK
         return shakespeare_genre('test', n_per_genre=max(1, limit // 3) if limit else 100), GENRE_TASK
-    if not Path(task).is_file(): raise TaskFormatError(f"--task {task}: not a built-in task (shakespeare_genre) nor an existing JSONL file")
+    if task == 'shakespeare_next_line':
+        from wf_nb.tasks import shakespeare_next_line, NEXT_LINE_TASK
+        return shakespeare_next_line('test'), NEXT_LINE_TASK
+    if not Path(task).is_file(): raise TaskFormatError(f"--task {task}: not a built-in task (shakespeare_genre, shakespeare_next_line) nor an existing JSONL file")
     rows = read_jsonl(task)
     bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict) or 'label' not in r or 'text' not in r), None)
     if not rows or bad: raise TaskFormatError(f"{task}{f':{bad}' if bad else ''}: task evaluation needs {{\"text\": ..., \"label\": ...}} rows")

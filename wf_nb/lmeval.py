@@ -8,15 +8,15 @@ import contextlib, json, logging, random, re, tempfile, time
 from pathlib import Path
 import yaml
 from .errors import WFError
-from .tasks import GENRE_TASK, genre_splits, play_lines, read_jsonl, shakespeare_genre, TaskFormatError
+from .tasks import GENRE_TASK, genre_splits, play_lines, read_jsonl, shakespeare_genre, shakespeare_next_line, TaskFormatError
 from .io import atomic_write_text, read_yaml, write_json, write_yaml
 from .io import format_table
 from .evaluate import _mc_rows, evaluate, load_for_eval, metric_rows, multiple_choice
 
 # %% auto #0
-__all__ = ['MC_METRICS', 'BUILTIN_TASKS', 'LM_EVAL_REQ', 'mc_task_yaml', 'genre_rows', 'cloze_rows', 'task_files',
-           'resolve_tasks', 'LMEvalMissing', 'run_lm_eval', 'lm_eval_summary', 'mc_agreement', 'lm_eval_rows',
-           'lm_evaluate']
+__all__ = ['MC_METRICS', 'BUILTIN_TASKS', 'LM_EVAL_REQ', 'mc_task_yaml', 'genre_rows', 'cloze_rows', 'next_line_rows',
+           'task_files', 'resolve_tasks', 'LMEvalMissing', 'run_lm_eval', 'lm_eval_summary', 'mc_agreement',
+           'lm_eval_rows', 'lm_evaluate']
 
 # %% ../nbs/08a_lmeval.ipynb #83851e0d
 MC_METRICS = ('acc', 'acc_norm', 'acc_bytes')
@@ -66,8 +66,14 @@ def cloze_rows(n: int = 60, seed: int = 0, n_choices: int = 4) -> list[dict]:
             if len(out) % (n // len(plays) + 1) == 0: break       # spread the items over the plays
     return out[:n]
 
+# %% ../nbs/08a_lmeval.ipynb #a034432c
+def next_line_rows(n: int | None = None, seed: int = 0) -> list[dict]:
+    "The first `n` rows (None: all 600) of the next-line test split (`wf_nb.tasks.shakespeare_next_line`)."
+    return shakespeare_next_line('test', seed=seed)[:n]
+
 # %% ../nbs/08a_lmeval.ipynb #abff9ec7
-BUILTIN_TASKS = {'wf_shakespeare_genre': genre_rows, 'wf_shakespeare_cloze': cloze_rows}
+BUILTIN_TASKS = {'wf_shakespeare_genre': genre_rows, 'wf_shakespeare_cloze': cloze_rows,
+                 'wf_shakespeare_next_line': next_line_rows}
 
 def task_files(out_dir, names=None, n: int | None = None) -> dict[str, Path]:
     "Write the built-in offline tasks `names` (JSONL + YAML) into `out_dir`; `n` caps the items (None: the default size)."

@@ -11,6 +11,7 @@ Every arm is a `wf train` run (the user-facing command) in one runs dir, on the 
 
     python tests/benchmarks/bench_lora.py --seeds 0 1 2 --steps 400 --teacher-steps 200 --start PIPELINE_OUT --stage1 STAGE1_OUT
     python tests/benchmarks/bench_lora.py --seeds 0 --steps 30 --n-test-per-genre 50 --runs-dir /tmp/lora_runs   # reduced
+    python tests/benchmarks/bench_lora.py --task shakespeare_next_line --seeds 0 1 2 ...   # the second task (multiple choice)
 
 Completed runs with the same config in --runs-dir are reused (a rerun only evaluates).
 """
@@ -48,7 +49,7 @@ def train_stats(run) -> dict:
 
 
 def main(argv=None):
-    global MODEL
+    global MODEL, TASK
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--steps', type=int, default=400)
     ap.add_argument('--teacher-steps', type=int, default=200)
@@ -63,6 +64,8 @@ def main(argv=None):
     ap.add_argument('--start', default=None, help='Stages 1.9 + 2 output: the start of (d) and (f) (default: Stage 1)')
     ap.add_argument('--stage1', default=None, help='Stage 1 output: the start of (c) (default: a Stage-1 run in --runs-dir)')
     ap.add_argument('--arms', default='cdf', help='which of c, d, f to train (b, the teacher, always)')
+    ap.add_argument('--task', default=TASK, help='data.task of every arm: shakespeare_genre, shakespeare_next_line '
+                    '(multiple choice, its 600-item test split) or a JSONL task with a .test sibling')
     ap.add_argument('--n-test-per-genre', type=int, default=0, help='balanced test subsample (0: the whole test split)')
     ap.add_argument('--eval-batch-size', type=int, default=16)
     ap.add_argument('--runs-dir', default=os.environ.get('WF_RUNS_DIR', 'runs'))
@@ -70,17 +73,18 @@ def main(argv=None):
     ap.add_argument('--json', default=None)
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama: a quick smoke test of this script)')
     a = ap.parse_args(argv)
-    MODEL = a.model
+    MODEL, TASK = a.model, a.task
     log = lambda *x: print(*x, flush=True)
     import torch
     import wf_nb
     from wf_nb.config import get_config
     from wf_nb.assets import load_tokenizer
-    from wf_nb.tasks import shakespeare_genre, task_accuracy, GENRE_TASK
+    from wf_nb.tasks import load_task, shakespeare_genre, task_accuracy, GENRE_TASK
     from wf_nb.lora import load_adapter, merge_requantize
     import exp_stage3_genre; exp_stage3_genre.MODEL = MODEL
     tok = load_tokenizer(get_config(model=MODEL).model)
-    test = shakespeare_genre('test', n_per_genre=a.n_test_per_genre or None)
+    if TASK == 'shakespeare_genre': test, task = shakespeare_genre('test', n_per_genre=a.n_test_per_genre or None), GENRE_TASK
+    else: _, test, task = load_task(TASK, 'test')
     t0 = time.time()
     if a.stage1: s1 = Path(a.stage1)
     else:
@@ -93,7 +97,7 @@ def main(argv=None):
     def evaluate(arm, seed, load, stats):
         t = time.time()
         with torch.autocast('cpu', dtype=torch.bfloat16):
-            r = task_accuracy(load(), tok, test, GENRE_TASK, max_len=a.seq_len, batch_size=a.eval_batch_size, calibrate=True)
+            r = task_accuracy(load(), tok, test, task, max_len=a.seq_len, batch_size=a.eval_batch_size, calibrate=True)
         row = dict(arm=arm, seed=seed, accuracy=r['accuracy'], stderr=r['stderr'], cal_accuracy=r['calibrated']['accuracy'], n=r['n'], **stats)
         log(f"[{arm}] seed {seed}: acc {row['accuracy']:.3f} +- {row['stderr']:.3f}, calibrated {row['cal_accuracy']:.3f} (eval {time.time() - t:.0f}s)")
         results.append(row)
@@ -151,7 +155,7 @@ def table(results, a) -> str:
     arms = list(dict.fromkeys(r['arm'] for r in results))
     full = [r for r in results if r['arm'].startswith('(d)')]
     mem_d = st.mean(r['peak_mem_mb'] for r in full) if full else None
-    out = [f"\n{MODEL}, {a.steps} steps x {a.batch_size} x {a.seq_len}, teacher {a.teacher_steps} steps, seeds {a.seeds}, "
+    out = [f"\n{MODEL} on {TASK}, {a.steps} steps x {a.batch_size} x {a.seq_len}, teacher {a.teacher_steps} steps, seeds {a.seeds}, "
            f"test n = {results[0]['n'] if results else 0}\n",
            '| arm | seeds | accuracy | calibrated | trainable share | peak train memory (MB) | vs full Stage 3 | s / step |', '|---|---|---|---|---|---|---|---|']
     for m in arms:
