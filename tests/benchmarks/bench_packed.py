@@ -1,7 +1,7 @@
 """Packed ternary SmolLM2 vs the full-precision model on CPU, side by side in one run.
 
 Prints one table: size on disk and in memory, prefill tokens/s (a 128-token prompt, last-position logits as in
-`generate`) and greedy generation (decode) tokens/s (KV cache; time of N+1 new tokens minus time of 1).
+`generate`) and greedy generation (decode) tokens/s (KV cache; the N new tokens after the first over their time).
 The ternary model is SmolLM2-135M-Instruct (Q4_1) converted to BitLinear (wf_nb.convert when available, else
 every linear but lm_head swapped for a BitLinear): untrained, so this measures size and speed, not quality.
 
@@ -19,6 +19,7 @@ from wf_nb.config import get_config
 from wf_nb.assets import load_fp_model, load_tokenizer, materialize, shakespeare_files
 from wf_nb.export import export_model, load_packed, quantized_linears, size_report
 from wf_nb.quant import BitLinear
+from bench_infer import TokenClock   # this folder is on sys.path when run as a script
 
 
 def ternary_student(fp):
@@ -45,25 +46,34 @@ def state_bytes(model):
     return total
 
 
+def decode_tps(m, short, n):
+    """Decode tokens/s of one greedy generation of n + 1 tokens: the n after the first over their time (prefill excluded;
+    bench_infer.py's definition). wf_nb's fast path times itself (`generate_stats`), transformers' `generate` a streamer."""
+    kw = dict(attention_mask=torch.ones_like(short), max_new_tokens=n + 1, min_new_tokens=n + 1, do_sample=False, pad_token_id=0)
+    if m.__dict__.get('_fast_ok'):
+        m.generate(short, **kw)
+        st = m.generate_stats
+        assert st['new_tokens'] == n + 1, st
+        return (st['new_tokens'] - 1) / st['decode_s']
+    clock = TokenClock()
+    m.generate(short, streamer=clock, **kw)
+    assert len(clock.t) == n + 2, len(clock.t)
+    return n / (clock.t[-1] - clock.t[1])
+
+
 @torch.no_grad()
 def interleaved_speeds(models, ids, new_tokens, reps):
     """Prefill and decode tokens/s per model, measured round-robin (rep r of every model before rep r+1), so
     that load changes on a shared machine hit all models alike; medians over reps."""
     short = ids[:, :16]
-    def gen(m, n):
-        return m.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=n, min_new_tokens=n,
-                          do_sample=False, pad_token_id=0)
-    tasks = {'pre': lambda m: m(ids, logits_to_keep=1),   # as generate's prefill: last position's logits
-             'g1': lambda m: gen(m, 1), 'gn': lambda m: gen(m, new_tokens + 1)}
-    for m in models: m(ids[:, :8]); gen(m, 2)            # warm up (int8 caches, allocator)
-    ts = {(i, k): [] for i in range(len(models)) for k in tasks}
+    for m in models: m(ids[:, :8]); decode_tps(m, short, 2)            # warm up (int8 caches, allocator)
+    pre, dec = {i: [] for i in range(len(models))}, {i: [] for i in range(len(models))}
     for r in range(reps):
         for i, m in enumerate(models):
-            for k, f in tasks.items():
-                t0 = time.perf_counter(); f(m); ts[i, k].append(time.perf_counter() - t0)
+            t0 = time.perf_counter(); m(ids, logits_to_keep=1); pre[i].append(ids.shape[1] / (time.perf_counter() - t0))  # as generate's prefill
+            dec[i].append(decode_tps(m, short, new_tokens))
         print(f"[bench] rep {r + 1}/{reps} done", file=sys.stderr, flush=True)
-    med = {key: statistics.median(v) for key, v in ts.items()}
-    return [(ids.shape[1] / med[i, 'pre'], new_tokens / (med[i, 'gn'] - med[i, 'g1'])) for i in range(len(models))]
+    return [(statistics.median(pre[i]), statistics.median(dec[i])) for i in range(len(models))]
 
 
 def main():
