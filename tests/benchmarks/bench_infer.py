@@ -134,7 +134,7 @@ def vm_hwm_mib() -> float:
 
 def llama_row(path, threads, ids, prompt, new):
     "The same numbers from llama.cpp (a node process)."
-    req = dict(model=str(path), threads=threads, ctx=1024,
+    req = dict(model=str(path), threads=threads, ctx=max(1024, len(ids)),   # the whole text in one context, as torch_row
                ops=[dict(op='bench', tokens=ids[:prompt], n=min(new, 4))]                 # warm-up, untimed (as torch_row)
                + [dict(op='bench', tokens=ids[:prompt], n=new)] * REPEAT + [dict(op='logprobs', tokens=ids)])
     r = subprocess.run(['node', str(NODE_SCRIPT)], input=json.dumps(req), capture_output=True, text=True, timeout=1800)
