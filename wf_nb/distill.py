@@ -214,6 +214,16 @@ def attention_relation_loss(s_qkv, t_qkv, mask=None, relation_heads: int = 32, s
     return total / R
 
 # %% ../nbs/05_distill.ipynb #4f3b3d81
+def _scored_terms(student_logits, teacher_logits, labels, T: float):
+    "CE (with its counts) and `T^2 * KL`: of `[B, S, V]` logits at the positions that predict a label of `labels` `[B, S]`, or of scored rows `[N, V]` with their targets `labels` `[N]`."
+    if labels.dim() != 1: return lm_loss(student_logits, labels), kd_loss(student_logits, teacher_logits, T=T, labels=labels)
+    from wf_nb.losses import ce_and_hits, _empty
+    n = labels.numel()
+    if n == 0: return _empty(student_logits), student_logits.sum() * 0.
+    ce, n_correct = ce_and_hits(student_logits, labels)   # the few-positions path of lm_loss and kd_loss, on rows given
+    lm = dict(loss=ce / n, n_tokens=torch.tensor(n, device=labels.device), n_correct=n_correct)
+    return lm, kl_sum(student_logits, teacher_logits, T) / n * (T * T)
+
 def stage3_loss(student_logits, teacher_logits, labels, attention_mask=None, s_qkv=None, t_qkv=None,
                 T: float | None = None, lambda_logits: float | None = None, gamma_attn: float | None = None,
                 relation_heads: int | None = None, cfg: DistillConfig | None = None) -> dict:
@@ -227,8 +237,7 @@ def stage3_loss(student_logits, teacher_logits, labels, attention_mask=None, s_q
         raise RuntimeError("stage3_loss: the captured student Q/K/V carry no gradient, so the attention term would "
                            "silently not train. Reentrant gradient checkpointing does this: enable it with "
                            "gradient_checkpointing_kwargs={'use_reentrant': False} (the transformers default).")
-    lm = lm_loss(student_logits, labels)
-    kd = kd_loss(student_logits, teacher_logits, T=T, labels=labels)   # the task's output positions (see above)
+    lm, kd = _scored_terms(student_logits, teacher_logits, labels, T)   # the task's output positions (see above)
     ad = attention_relation_loss(s_qkv, t_qkv, attention_mask, R) if s_qkv is not None else kd * 0.
     loss = lm['loss'] + lam * kd + gam * ad
     return dict(loss=loss, ce=lm['loss'].detach(), kd=kd.detach(), attn=ad.detach(),

@@ -86,14 +86,29 @@ def distill_step(teacher):
     return step
 
 # %% ../nbs/07_stages.ipynb #84db2d88
+def _head_on_rows(model) -> bool:
+    "Whether `model`'s output head may run outside its forward: not sharded (FSDP2), nothing after it (logit soft-capping, scaling)."
+    c = getattr(model, 'config', None)
+    return not is_fsdp(model) and all(getattr(c, k, None) in (None, 1) for k in ('final_logit_softcapping', 'logit_scale', 'logits_scaling'))
+
+def _scored_logits(model, batch, sel):
+    "`model`'s logits at the `sel` `[B, S]` positions only, `[N, V]`: the output head on those positions' final hidden states."
+    from wf_nb.step import hidden_states_as_logits
+    if not _head_on_rows(_unwrap(model)): return model(input_ids=batch['input_ids'], **_fwd_kw(batch)).logits[sel]
+    with hidden_states_as_logits(model) as head: h = model(input_ids=batch['input_ids'], **_fwd_kw(batch)).logits
+    return head(h[sel])
+
 def stage3_step(teacher):
     "Stage 3 (BitDistill): CE + logits KD + MiniLMv2 Q/K/V relation distillation at `distill.attn_layer`."
     from wf_nb.distill import stage3_loss, capture_qkv, real_tokens
+    from wf_nb.losses import IGNORE_INDEX
     def step(model, batch, ctx: StepContext):
         layer, gamma = ctx.cfg.distill.attn_layer, ctx.cfg.distill.gamma_attn
-        with torch.inference_mode(), capture_qkv(teacher, layer) as tq: t = teacher(input_ids=batch['input_ids'], **_fwd_kw(batch))
-        with capture_qkv(_unwrap(model), layer) as sq: s = model(input_ids=batch['input_ids'], **_fwd_kw(batch))
-        return stage3_loss(s.logits, t.logits, batch['labels'], real_tokens(batch),
+        nxt = batch['labels'][:, 1:] != IGNORE_INDEX
+        sel = torch.cat([nxt, torch.zeros_like(nxt[:, :1])], 1)   # the positions that predict a label (CE and KD score only those)
+        with torch.inference_mode(), capture_qkv(teacher, layer) as tq: t = _scored_logits(teacher, batch, sel)
+        with capture_qkv(_unwrap(model), layer) as sq: s = _scored_logits(model, batch, sel)
+        return stage3_loss(s, t, batch['labels'][:, 1:][nxt], real_tokens(batch),
                            sq if gamma else None, tq if gamma else None, cfg=ctx.cfg.distill)
     return step
 

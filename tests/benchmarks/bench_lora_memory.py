@@ -1,14 +1,18 @@
-"""Peak training memory and s/step of one Stage-3 (BitDistill) step loop on SmolLM2-135M, full vs LoRA (issue 37), one arm
-per process (peak RSS is per process): the Stage-3 step of wf_nb.stages on random 8 x 128 batches scored on their last
-2 positions (the genre task's answer + EOS; --scored 0: every position), AdamW on the trainable parameters, a few steps, fp32 on CPU. It separates what the peak is made of: RSS after
-the student, after the teacher, the peak while loading/converting, and the peak over the training steps (reset after
-loading, so the conversion's transient fp32 copies do not count).
+"""Peak training memory and s/step of Stage 3 (BitDistill) on SmolLM2-135M, full vs LoRA (issue 37), one arm per process
+(peak RSS is per process): the library's Trainer running `wf_nb.stages.stage3_step` (logits KD + Q/K/V relation from the
+FP teacher the stage loads, AdamW, gradient clipping, the stage's callbacks) on random 8 x 128 batches scored on their
+last 2 positions (the genre task's answer + EOS; --scored 0: every position), fp32 on CPU, glibc's default allocator.
+It separates what the peak is made of: RSS after the student, after the teacher, the peak while loading/converting,
+and the peak over the training steps (reset when training starts, read after the last step, before the Trainer's final
+checkpoint), with the bytes of the state that lives through a step (parameters, buffers, gradients, AdamW moments).
 
-    for arm in full lora lora-nockpt; do OMP_NUM_THREADS=1 python tests/benchmarks/bench_lora_memory.py --arm $arm; done
+    for arm in full lora-nockpt lora; do OMP_NUM_THREADS=1 python tests/benchmarks/bench_lora_memory.py --arm $arm --steps 3; done
+
+`--kd-delta` instead measures how far a bf16 teacher moves the KD targets (the teacher's log-probs at T = 1 and 5 on
+the scored positions of one batch) against the fp32 teacher.
 """
 from __future__ import annotations
-import argparse, json, resource, time
-from types import SimpleNamespace
+import argparse, json, resource, tempfile, time
 import torch
 
 
@@ -23,48 +27,144 @@ def reset_peak():
     "Start a new peak RSS (Linux: 5 > /proc/self/clear_refs), so the training peak excludes loading and conversion."
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')
 
+def tensor_mb(ts) -> float: return sum(t.numel() * t.element_size() for t in ts) / 2**20
+
+
+def batches(a):
+    "Endless random batches, `a.scored` labelled positions at the end of each row."
+    g = torch.Generator().manual_seed(0)
+    while True:
+        ids = torch.randint(0, 49152, (a.batch_size, a.seq_len), generator=g)
+        labels = ids.clone()
+        if a.scored: labels[:, :-a.scored] = -100
+        yield {'input_ids': ids, 'labels': labels, 'attention_mask': torch.ones_like(ids)}
+
+
+def live_at_peak(prof, top: int = 12) -> dict:
+    "From a `torch.profiler` run with `profile_memory`: the peak of live tensor bytes, by category, and its largest tensors."
+    from torch.profiler._memory_profiler import MemoryProfileTimeline, Action
+    tl = MemoryProfileTimeline(prof._memory_profile())
+    ev = [e for e in tl.timeline if e[2][0].device.type == 'cpu']
+    def replay(upto=None):
+        live, tot, best = {}, 0, (0, -1)
+        for i, (t, act, (key, ver), nb) in enumerate(ev if upto is None else ev[:upto + 1]):
+            if act in (Action.PREEXISTING, Action.CREATE): live[(key, ver)] = nb; tot += nb
+            elif act == Action.INCREMENT_VERSION: live[(key, ver + 1)] = live.pop((key, ver), nb)
+            elif act == Action.DESTROY: tot -= live.pop((key, ver), 0)
+            if tot > best[0]: best = (tot, i)
+        return live, best
+    _, (peak, at) = replay()
+    live, _ = replay(at)
+    cat = lambda k: str(getattr(tl.categories.get(*k), 'name', 'UNKNOWN'))
+    by = {}
+    for k, nb in live.items(): by[cat(k)] = by.get(cat(k), 0) + nb
+    big = sorted(live.items(), key=lambda kv: -kv[1])[:top]
+    return dict(peak_live_mb=peak / 2**20, by_category_mb={c: round(b / 2**20, 1) for c, b in sorted(by.items(), key=lambda x: -x[1])},
+                largest_mb=[(cat(k), round(nb / 2**20, 1)) for k, nb in big])
+
+
+class _Done(Exception): pass
+
+def _malloc_trim():
+    import ctypes
+    ctypes.CDLL('libc.so.6').malloc_trim(0)
+
+def probe(steps: int, out: dict, profile: bool = False, trim: bool = False):
+    "A Trainer callback: each step's time, and after the last step the training peak RSS (before the final checkpoint)."
+    from wf_nb.callbacks import Callback
+    class Probe(Callback):
+        order = 94   # after every callback of the step but PeriodicCheckpoint (95)
+        def before_fit(self, tr): self.ts = []; reset_peak()
+        def before_step(self, tr):
+            if profile and tr.step == steps - 1:   # the last step, profiled (slower: its time is not a step time)
+                self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                                   record_shapes=True, with_stack=True)
+                self.prof.__enter__()
+            self.t0 = time.perf_counter()
+        def after_step(self, tr):
+            self.ts.append(time.perf_counter() - self.t0)
+            out.setdefault('peak_after_step_mb', []).append(round(peak_mb())); out.setdefault('rss_after_step_mb', []).append(round(rss_mb()))
+            if trim: _malloc_trim()
+            if tr.step < steps: return
+            if profile:
+                self.prof.__exit__(None, None, None); self.ts.pop()
+                out['profile'] = live_at_peak(self.prof)
+            opt = tr.raw_optimizer
+            out.update(train_peak_mb=peak_mb(), s_per_step=sorted(self.ts)[len(self.ts) // 2], step_s=[round(t, 1) for t in self.ts],
+                       loss=tr.last['loss'], rss_end_mb=rss_mb(),
+                       state_mb=dict(student=tensor_mb([*tr.model.parameters(), *tr.model.buffers()]),
+                                     adam=tensor_mb([v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)])))
+            raise _Done
+    return Probe()
+
+
+def kd_delta(a):
+    "max |delta| of the teacher's log-probs (T = 1 and 5, scored positions) with bf16 weights against fp32."
+    from wf_nb.config import get_config
+    from wf_nb.stages import _teacher, _fwd_kw
+    cfg = get_config(stage='3', model='smollm2_135m')
+    b = next(batches(a))
+    sel = torch.zeros_like(b['labels'], dtype=torch.bool); sel[:, :-1] = b['labels'][:, 1:] != -100
+    t32 = _teacher(cfg, 'smollm2_135m')
+    t16 = _teacher(cfg, 'smollm2_135m').to(torch.bfloat16)
+    with torch.inference_mode():
+        z32, z16 = (m(input_ids=b['input_ids'], **_fwd_kw(b)).logits.float() for m in (t32, t16))
+    out = {}
+    for T in (1., 5.):
+        for name, s in (('scored', sel), ('all', torch.ones_like(sel))):
+            l32, l16 = (torch.log_softmax(z[s] / T, -1) for z in (z32, z16))
+            p = l32.exp()
+            out[f'T{T:g}_{name}'] = dict(max_abs_logp=float((l16 - l32).abs().max()),
+                                          max_abs_logp_p_over_1e3=float((l16 - l32).abs()[p > 1e-3].max()),
+                                          kl_fp32_bf16=float((p * (l32 - l16)).sum(-1).mean()),
+                                          top1_agree=float((l32.argmax(-1) == l16.argmax(-1)).float().mean()))
+    print(json.dumps(out))
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    ap.add_argument('--arm', choices=['full', 'lora', 'lora-nockpt'], required=True)
+    ap.add_argument('--arm', choices=['full', 'lora', 'lora-nockpt'], default='full')
     ap.add_argument('--r', type=int, default=16); ap.add_argument('--steps', type=int, default=3)
     ap.add_argument('--batch-size', type=int, default=8); ap.add_argument('--seq-len', type=int, default=128)
     ap.add_argument('--scored', type=int, default=2, help='positions with a label at the end of each row (the genre task: '
                     'the answer and EOS); 0: every position (pretraining-like)')
+    ap.add_argument('--precision', default='fp32', help='training.precision (fp32 | bf16 | auto)')
+    ap.add_argument('--teacher-dtype', choices=['fp32', 'bf16'], default='fp32', help='the teacher\'s weights (bf16: an experiment)')
+    ap.add_argument('--kd-delta', action='store_true', help='measure the KD targets\' change under a bf16 teacher instead')
+    ap.add_argument('--profile', action='store_true', help='profile the last step: live tensor bytes at its peak, by category')
+    ap.add_argument('--trim', action='store_true', help="glibc's malloc_trim(0) after every step (an experiment)")
     a = ap.parse_args(argv)
+    if a.kd_delta: return kd_delta(a)
     from wf_nb.config import get_config
     from wf_nb.assets import load_fp_model
     from wf_nb.convert import convert
-    from wf_nb.stages import stage3_step
+    from wf_nb.stages import stage3_step, _teacher, _stage_callbacks
+    from wf_nb.trainer import Trainer
     from wf_nb.lora import add_lora, trainable_share
     torch.manual_seed(0)
-    cfg = get_config(['peft.method=lora', f'peft.r={a.r}', f'peft.alpha={2 * a.r}', 'peft.targets=q,k,v,o,gate,up,down',
-                      f"peft.checkpointing={a.arm != 'lora-nockpt'}"], model='smollm2_135m')
-    out = dict(arm=a.arm, rss_start_mb=rss_mb())
+    peft = [] if a.arm == 'full' else ['peft.method=lora', f'peft.r={a.r}', f'peft.alpha={2 * a.r}', 'peft.targets=q,k,v,o,gate,up,down',
+                                       f"peft.checkpointing={a.arm != 'lora-nockpt'}"]
+    cfg = get_config([*peft, f'training.precision={a.precision}', f'training.max_steps={a.steps}', f'training.batch_size={a.batch_size}',
+                      f'data.seq_len={a.seq_len}', 'training.save_interval=100000', 'logging.progress=false',
+                      'logging.wandb_mode=disabled', 'training.lr=1e-4'], stage='3', model='smollm2_135m')
+    out = dict(arm=a.arm, precision=a.precision, teacher_dtype=a.teacher_dtype, rss_start_mb=rss_mb())
     fp = load_fp_model(cfg.model)
     model = convert(fp, cfg.quant).train(); del fp
     if a.arm != 'full':
         model = add_lora(model, cfg.peft, seed=0)
         out['share'] = trainable_share(model)
-        out['checkpointing'] = bool(getattr(model, 'is_activation_checkpointing', False))
+        out['checkpointing'] = bool(getattr(model, 'is_activation_checkpointing', False) or getattr(model, 'is_gradient_checkpointing', False))
     out['rss_student_mb'] = rss_mb()
-    teacher = load_fp_model(cfg.model).eval()
-    for p in teacher.parameters(): p.requires_grad_(False)
+    teacher = _teacher(cfg, 'smollm2_135m')   # the stage's loader of a frozen FP teacher
+    if a.teacher_dtype == 'bf16': teacher = teacher.to(torch.bfloat16)
+    out['teacher_mb'] = tensor_mb([*teacher.parameters(), *teacher.buffers()])
     out['rss_teacher_mb'] = rss_mb()
     out['load_peak_mb'] = peak_mb()
-    reset_peak()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    step, ctx = stage3_step(teacher), SimpleNamespace(cfg=cfg, step=0, max_steps=a.steps)
-    ts = []
-    for i in range(a.steps):
-        ids = torch.randint(0, 49152, (a.batch_size, a.seq_len))
-        t0 = time.perf_counter()
-        labels = ids.clone()
-        if a.scored: labels[:, :-a.scored] = -100
-        loss = step(model, {'input_ids': ids, 'labels': labels, 'attention_mask': torch.ones_like(ids)}, ctx)['loss']
-        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-        ts.append(time.perf_counter() - t0)
-    out.update(train_peak_mb=peak_mb(), s_per_step=sorted(ts)[len(ts) // 2], step_s=[round(t, 1) for t in ts], loss=float(loss.detach()))
+    with tempfile.TemporaryDirectory() as d:
+        tr = Trainer(cfg, model, batches(a), d, step_fn=stage3_step(teacher), log=lambda *x, **k: None,
+                     callbacks=[*_stage_callbacks(cfg, model), probe(a.steps, out, a.profile, a.trim)])
+        try: tr.fit(resume=False)
+        except _Done: pass
     print(json.dumps(out))
 
 
