@@ -20,8 +20,8 @@ from .callbacks import QuantSchedule
 from .quant import bitlinears
 
 # %% auto #0
-__all__ = ['STAGES', 'PIPELINE_SPLIT', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step',
-           'kd_step', 'run_stage', 'run_pipeline', 'smoke']
+__all__ = ['STAGES', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent',
+           'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -169,9 +169,21 @@ def _teacher(cfg, source=None):
         m = load(source)
     else: m = load_fp_model(cfg.model, seed=cfg.training.seed)   # the lineage's original model (same seed as Stage 1)
     for p in m.parameters(): p.requires_grad_(False)
+    _autocast_weights(m, cfg.training.precision)   # bit for bit the outputs it gave in fp32 under the step's autocast
     if cfg.training.compile:   # the teacher's forward is a third of a distillation step: compile its blocks too
         compile_blocks(m)
     return m.eval()
+
+# %% ../nbs/07_stages.ipynb #10a84906
+def _autocast_weights(m, precision: str):
+    "A frozen teacher's plain `nn.Linear` weights stored in bf16, the dtype its forwards run them in under `precision='bf16'` (in place)."
+    if precision != 'bf16': return m
+    emb = m.get_input_embeddings().weight if hasattr(m, 'get_input_embeddings') else None
+    for mod in m.modules():
+        if type(mod) is not torch.nn.Linear or mod.weight.dtype == torch.bfloat16: continue   # not BitLinears
+        if mod.weight is emb: mod.weight = torch.nn.Parameter(emb.detach().to(torch.bfloat16), requires_grad=False)   # tied head: a copy
+        else: mod.to(torch.bfloat16)
+    return m
 
 # %% ../nbs/07_stages.ipynb #5b533768
 def _sft_teacher(cfg, runs_dir) -> Path:
@@ -424,6 +436,16 @@ def _in_runs(path, runs_dir) -> str:
     rd, p = Path(runs_dir or default_runs_dir()).resolve(), Path(path).resolve()
     return str(p.relative_to(rd)) if rd in p.parents else str(path)
 
+# %% ../nbs/07_stages.ipynb #63f67253
+PIPELINE_COMPILE_STEPS = 100   # `wf pipeline` compiles a pretrained model's stage of at least this many steps (measured break-even ~65)
+
+def _pipeline_compile(model: str, overrides, stage: str, n: int) -> list[str]:
+    "`['training.compile=true']` for a pipeline stage that repays compiling (see above), unless `overrides` set `training.compile`."
+    if any(str(o).split('=', 1)[0].strip() == 'training.compile' for o in overrides): return []
+    cfg = get_config(list(overrides) + [f'training.total_tokens={n}'], stage=stage, model=model)
+    pays = cfg.model.arch == 'hf' and not cfg.peft.method and _max_steps(cfg, None, 1) >= PIPELINE_COMPILE_STEPS
+    return ['training.compile=true'] if pays else []
+
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print, callbacks=()) -> dict:
@@ -437,13 +459,14 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     plan = ([('1.9', n19)] if n19 else []) + [('2', tokens - n19)]
     results, parent = {}, None
     for stage, n in plan:
-        ov = list(overrides) + [f'training.total_tokens={n}'] + ([f'training.checkpoint_path={_in_runs(parent, runs_dir)}'] if parent else [])
+        comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays
+        ov = list(overrides) + [f'training.total_tokens={n}'] + comp + ([f'training.checkpoint_path={_in_runs(parent, runs_dir)}'] if parent else [])
         cfg = get_config(ov, stage=stage, model=model)
         done = _completed_output(cfg, runs_dir)
         if done is not None:
             log(f"pipeline: stage {stage} already completed ({done})"); results[stage] = {'status': Status.COMPLETED, 'output': str(done)}
         else:
-            log(f"pipeline: stage {stage}, {n:,} student tokens")
+            log(f"pipeline: stage {stage}, {n:,} student tokens" + (' (compiled: training.compile=true)' if comp else ''))
             results[stage] = run_stage(cfg, runs_dir, out=out if stage == '2' else None, log=log, callbacks=callbacks)
             r = results[stage]
             if r['status'] != Status.COMPLETED: return {'status': r['status'], 'stop_reason': r.get('stop_reason'), 'signal': r.get('signal'), 'stages': results}

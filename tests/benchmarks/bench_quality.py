@@ -31,7 +31,12 @@ Arms (each in its own process, `--parallel` at a time); DATA is a data preset or
     python tests/benchmarks/bench_quality.py --table --out DIR   # print the tables of the arms finished in DIR
 
 Prints the generality table (perplexity / teacher per domain, their geometric mean, chat KL and top-1), the legacy
-table (perplexity, ratio to naive QAT), and per arm the wall time of training and student tokens per second. Runs
+table (perplexity, ratio to naive QAT), and the speed table: per arm the training loop's wall time and student tokens
+per second, measured the same way for every arm (student tokens / the wall time from the first training step to the
+last: no model loading, conversion, data set-up or evaluation; wf_nb's from its runs' metrics, checkpoints saved
+between steps included), and the arm's whole wall time before its evaluation. Arms run one after another in separate
+processes, so on a shared machine their speeds compare only as far as the load stayed the same (see
+tests/benchmarks/bench_stage_speed.py for a paired, interleaved step-time comparison). Runs
 resume by fingerprint (the wf arms) and each finished arm's JSON is reused, so an interrupted benchmark continues.
 This is a benchmark (about half an hour per trained arm on 2 CPU cores), not a test."""
 import argparse, json, math, os, shlex, subprocess, sys, time
@@ -93,23 +98,23 @@ def evaluate(model, max_tokens: int, teacher=None, answers=None) -> dict:
 from bench_train import hf_bitnet   # transformers' AutoBitLinear (online) in every linear but lm_head: the naive QAT layer
 
 def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20):
-    "A plain AdamW loop on the same batches wf_nb trains on (bf16 autocast)."
+    "A plain AdamW loop on the same batches wf_nb trains on (bf16 autocast); the model and the loop's wall seconds."
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
     cfg = cfg_for(data=data); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
+    model.train(); t0 = time.perf_counter()
     for step in range(tokens // (B * S)):
         for g in opt.param_groups: g['lr'] = lr * min(1.0, (step + 1) / warmup)
         b = next(batches)
         with torch.autocast('cpu', dtype=torch.bfloat16): loss = model(input_ids=b['input_ids'], labels=b['labels'], use_cache=False).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
         if step % 50 == 0: print(f"naive_qat step {step} loss {loss.item():.3f}", file=sys.stderr, flush=True)
-    return model
+    return model, time.perf_counter() - t0
 
 def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_frac=0.1, weight_decay=0.01, clip=1.0):
-    "Plain logits KD (forward KL, T = 1) from the FP teacher into AutoBitLinear: AdamW, linear warm-up, cosine decay."
+    "Plain logits KD (forward KL, T = 1) from the FP teacher into AutoBitLinear: AdamW, linear warm-up, cosine decay; the model and the loop's wall seconds."
     import torch
     from transformers import get_cosine_schedule_with_warmup
     from wf_nb.assets import load_tokenizer
@@ -119,7 +124,7 @@ def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_fra
     steps = tokens // (B * S)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, max(1, int(warmup_frac * steps)), steps)
-    model.train(); teacher.eval()
+    model.train(); teacher.eval(); t0 = time.perf_counter()
     for step in range(steps):
         b = next(batches); kw = {k: b[k] for k in ('attention_mask', 'position_ids') if k in b}
         with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -127,7 +132,28 @@ def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_fra
             loss = kd_loss(model(input_ids=b['input_ids'], use_cache=False, **kw).logits, t_logits.clone(), labels=b['labels'], T=1.0)
         loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), clip); opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
         if step % 50 == 0: print(f"kd_peer step {step} KL {loss.item():.3f} lr {sched.get_last_lr()[0]:.2e}", file=sys.stderr, flush=True)
-    return model
+    return model, time.perf_counter() - t0
+
+def run_train_seconds(run_dir) -> float:
+    """A wf_nb run's training wall time from its metrics: each record's window, (tokens since the last record) / its tokens/s.
+    The windows cover every step and the checkpoints saved between them; not the final validation, the final save, the
+    model loading or the data set-up. 0 for a run that trained nothing (Stage 1)."""
+    f, prev, tot = Path(run_dir)/'metrics.jsonl', 0, 0.0
+    for line in (f.read_text().splitlines() if f.exists() else []):
+        r = json.loads(line)
+        if r.get('tokens_per_s'): tot += (r['tokens'] - prev) / r['tokens_per_s']; prev = r['tokens']
+    return tot
+
+def pipeline_train_seconds(output) -> dict:
+    "{stage: training seconds} of the runs of a `wf pipeline` lineage, from its final output (`runs/RUN/final`) back to Stage 1."
+    run, out = Path(output).parent, {}
+    while (run/'metadata.json').exists():
+        meta = json.loads((run/'metadata.json').read_text())
+        out[meta['stage']] = run_train_seconds(run)
+        parent = (meta.get('lineage') or {}).get('parent_run')
+        if not parent: break
+        run = run.parent/parent
+    return out
 
 def run_arm(arm: str, a) -> dict:
     import torch
@@ -137,7 +163,10 @@ def run_arm(arm: str, a) -> dict:
     torch.manual_seed(0)
     teacher = load_fp_model(cfg_for().model).eval()
     answers = cached_answers(Path(a.out)/'chat_answers.json', teacher, load_tokenizer(cfg_for().model))
-    t0, cmd, trained = time.time(), None, 0
+    # train_s: the training loop's wall time, measured the same way for every arm: from the first step to the last,
+    # without model loading, conversion, data set-up or evaluation (wf_nb's runs: from their metrics, whose windows
+    # include the checkpoints saved between steps). wall_s: everything the arm did before its evaluation.
+    t0, cmd, trained, train_s, stages = time.time(), None, 0, 0.0, None
     if kind == 'wf_pipeline':
         cmd = ['wf', 'pipeline', '-m', 'smollm2_135m', '--tokens', str(a.tokens), '--runs-dir', str(Path(a.out)/'runs'),
                'training.precision=bf16', 'logging.progress=false', *data_overrides(data), *shlex.split(a.wf_args)]
@@ -146,18 +175,19 @@ def run_arm(arm: str, a) -> dict:
         out = r.stdout.strip().splitlines()[-1].split('output ')[-1]
         from wf_nb.convert import load
         model, trained = load(out), a.tokens
+        stages = pipeline_train_seconds(out); train_s = sum(stages.values())
     elif kind in ('fp', 'ptq', 'naive_qat', 'kd_peer'):
         model = load_fp_model(cfg_for().model)
         if kind != 'fp': model = hf_bitnet(model)
-        if kind == 'naive_qat': model, trained = naive_qat(model, a.tokens, data), a.tokens
-        if kind == 'kd_peer': model, trained = kd_peer(model, teacher, a.tokens, data, lr or 1e-3), a.tokens
+        if kind == 'naive_qat': (model, train_s), trained = naive_qat(model, a.tokens, data), a.tokens
+        if kind == 'kd_peer': (model, train_s), trained = kd_peer(model, teacher, a.tokens, data, lr or 1e-3), a.tokens
         cmd = ['python', 'tests/benchmarks/bench_quality.py', '--arms', arm, '--tokens', str(a.tokens)]
     else: raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)} (optionally @DATA, kd_peer also @LR)")
-    train_s = time.time() - t0
+    wall_s = time.time() - t0
     res = evaluate(model, a.eval_tokens, teacher, answers)
-    return {'arm': arm, 'data': data, 'lr': lr, **res, 'train_s': train_s, 'tokens': trained,
-            'tokens_per_s': trained / train_s if trained else None, 'eval_s': time.time() - t0 - train_s,
-            'eval_tokens': a.eval_tokens, 'command': ' '.join(cmd), 'threads': torch.get_num_threads()}
+    return {'arm': arm, 'data': data, 'lr': lr, **res, 'train_s': train_s, 'wall_s': wall_s, 'stage_train_s': stages,
+            'tokens': trained, 'tokens_per_s': trained / train_s if trained and train_s else None,
+            'eval_s': time.time() - t0 - wall_s, 'eval_tokens': a.eval_tokens, 'command': ' '.join(cmd), 'threads': torch.get_num_threads()}
 
 def grad_scale():
     "Gradient norm of each Stage-1.9 / 2 term on the real Stage-1 student, one 4 x 128 Shakespeare batch (issue 12, item 1)."
@@ -218,6 +248,19 @@ def legacy_table(rows: list[dict]) -> str:
         lines.append(f"| {r['arm']} | " + ' | '.join(_fmt(r.get(s)) for s in srcs) + f" | {ratio} | {r['train_s']:.0f} | {tps} |")
     return '\n'.join(lines)
 
+def speed_table(rows: list[dict]) -> str:
+    "Per arm: student tokens, the training loop's wall time and tokens/s (the same measure for every arm), and the arm's whole wall time."
+    lines = ['| arm | student tokens | training wall s | student tok/s | arm wall s (loading, conversion, training, saving) | eval s | threads |',
+             '|---|---|---|---|---|---|---|']
+    for r in rows:
+        st = r.get('stage_train_s')
+        split = f" (stage {', '.join(f'{k}: {v:.0f}' for k, v in sorted(st.items()) if v)})" if st else ''
+        tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
+        wall = f"{r['wall_s']:.0f}" if 'wall_s' in r else '(not recorded)'
+        lines.append(f"| {r['arm']} | {r.get('tokens') or 0:,} | {r['train_s']:.0f}{split} | {tps} | {wall} | {r.get('eval_s', 0):.0f} | {r.get('threads')} |")
+    return '\n'.join(lines) + ('\n\n(training wall: the loop from its first step to its last, checkpoints saved between steps included; '
+                               'arm wall: everything before the evaluation, Stage 1 and the process start of `wf pipeline` included)')
+
 def print_tables(out: Path, arms=None, tokens=None, t0=None):
     files = [out/f'{arm}.json' for arm in arms] if arms else sorted(out.glob('*.json'))
     rows = [json.loads(f.read_text()) for f in files if f.exists() and f.name != 'chat_answers.json']
@@ -230,6 +273,8 @@ def print_tables(out: Path, arms=None, tokens=None, t0=None):
     print(generality_table(rows))
     print('\n## Legacy sources (issue 12)\n')
     print(legacy_table(rows))
+    print('\n## Speed (student tokens / training wall time, per arm)\n')
+    print(speed_table(rows))
     for r in rows: print(f"- {r['arm']}: `{r['command']}` ({r.get('threads')} thread(s), eval {r.get('eval_s', 0):.0f}s)")
 
 def main():
