@@ -23,6 +23,20 @@ once: Stage 1 (conversion + report, `run_stage1`) and loading the models.
 
     OMP_NUM_THREADS=1 python tests/benchmarks/bench_stage_speed.py [--rounds 6] [--warmup 2] [--arms peer,s19,s2,s2c]
 
+Measured (issue 33), two runs on the shared 2-core machine under other jobs (load 4-6), 1 thread, 6 rounds after 2
+warm-up; median seconds per step, tokens/s of wall time and per CPU second, ratio to the peer in the same rounds:
+
+  --arms peer,s2f,s2,s19   peer 10.74 s (48 tok/s, 114 per CPU-s); s2f 7.69 (67, 145) 1.37x; s2 8.20 (62, 142) 1.34x;
+                           s19 9.53 (54, 137) 1.18x. s2 and s2f gave the same losses bit for bit at every step.
+  --arms peer,s2,s2c       peer 8.34 s (61, 124); s2 6.66 (77, 154) 1.25x; s2c 5.14 (100, 200) 1.64x. s2c's first
+                           step compiled for 75 s (cold inductor cache), its first validation 34 s (4 s eager).
+  --arms s2,s2c (quiet, load ~1; warm inductor cache): s2 3.12 s (164 tok/s), s2c 2.48 (207) 1.26x; s2c's first step
+                           4.5 s, its first validation 2.6 s.
+
+Backward is half of every step (3.3 s of s2's 6.7); the eager loss (KL in fp32 over 49,152 words, plus the logged CE)
+0.86 s, compiled 0.12 s; the peer's student forward (AutoBitLinear's fake quantization) 1.9 s against wf_nb's 1.3 s.
+A checkpoint save (model + AdamW state) takes 4-9 s, a 4-batch validation 4-8 s.
+
 This is a benchmark, not a test."""
 import argparse, contextlib, copy, os, statistics, sys, tempfile, time
 from pathlib import Path
