@@ -439,12 +439,17 @@ def _in_runs(path, runs_dir) -> str:
 # %% ../nbs/07_stages.ipynb #63f67253
 PIPELINE_COMPILE_STEPS = 100   # `wf pipeline` compiles a pretrained model's stage of at least this many steps (measured break-even ~65)
 
+def _can_compile() -> bool:
+    "Whether `torch.compile` can build here: Triton on a GPU, or a C++ compiler on PATH for inductor's CPU code."
+    import shutil
+    return torch.cuda.is_available() or any(shutil.which(c) for c in (os.environ.get('CXX'), 'g++', 'c++', 'clang++') if c)
+
 def _pipeline_compile(model: str, overrides, stage: str, n: int) -> list[str]:
     "`['training.compile=true']` for a pipeline stage that repays compiling (see above), unless `overrides` set `training.compile`."
     if any(str(o).split('=', 1)[0].strip() == 'training.compile' for o in overrides): return []
     cfg = get_config(list(overrides) + [f'training.total_tokens={n}'], stage=stage, model=model)
     pays = cfg.model.arch == 'hf' and not cfg.peft.method and _max_steps(cfg, None, 1) >= PIPELINE_COMPILE_STEPS
-    return ['training.compile=true'] if pays else []
+    return ['training.compile=true'] if pays and _can_compile() else []
 
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
