@@ -129,6 +129,7 @@ class PeftConfig:
     targets: str = 'q,k,v,o,gate,up,down'   # comma-separated projections: q, k, v, o, gate, up, down
     input: str = 'float'                # what the adapter reads: float (the layer's input, as stock PEFT/llama.cpp) | quant (the int8-quantized input the base multiplies)
     checkpointing: bool = True          # recompute the frozen blocks' activations in the backward (activation checkpointing): the adapter run's peak memory
+    mmap_threshold_mb: int = 0          # glibc: blocks of >= this many MiB are mmap'ed and go back to the OS when freed (0: glibc's default; see wf_nb.lora.compact_heap)
 
 # %% ../nbs/00a_config.ipynb #d6d49cba
 @dataclass

@@ -14,9 +14,10 @@ from .quant import BitLinear, RMSNorm, bitlinears, shared_act_codes, act_quant, 
 from .io import atomic_dir
 
 # %% auto #0
-__all__ = ['TARGET_MODULES', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear', 'LoraBitLinear', 'lora_config', 'base_digest',
-           'freeze_base', 'checkpoint_blocks', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir',
-           'load_adapter', 'hf_peft_model', 'merge_requantize', 'export_lora_gguf']
+__all__ = ['TARGET_MODULES', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear', 'LoraBitLinear',
+           'lora_config', 'base_digest', 'freeze_base', 'checkpoint_blocks', 'compact_heap', 'add_lora',
+           'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter', 'hf_peft_model', 'merge_requantize',
+           'export_lora_gguf']
 
 # %% ../nbs/06f_lora.ipynb #a1deef94
 class FrozenBitLinear(nn.Module):
@@ -129,6 +130,17 @@ def checkpoint_blocks(model: nn.Module) -> bool:
     else: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})
     return True
 
+
+# %% ../nbs/06f_lora.ipynb #69eb42ab
+M_MMAP_THRESHOLD = -3   # glibc's mallopt parameter number (malloc.h)
+
+def compact_heap(threshold_mib: float) -> bool:
+    "glibc: serve every block of >= `threshold_mib` MiB by mmap, returned to the OS when freed; False where it cannot be set."
+    import ctypes, ctypes.util
+    if threshold_mib <= 0: return False
+    try: mallopt = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6').mallopt
+    except (OSError, AttributeError): return False   # not glibc (musl, macOS, Windows): the allocator stays as it is
+    return mallopt(M_MMAP_THRESHOLD, int(threshold_mib * 2**20)) == 1
 
 # %% ../nbs/06f_lora.ipynb #09c608f9
 def add_lora(model: nn.Module, pc, seed: int | None = None) -> nn.Module:

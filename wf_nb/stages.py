@@ -360,10 +360,11 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
 # %% ../nbs/07_stages.ipynb #f4432150
 def _with_adapters(cfg, model, run, acc):
     "`peft.method=lora`: the student frozen to int8 codes with LoRA adapters (wf_nb.lora); only they train and are checkpointed."
-    from wf_nb.lora import add_lora, trainable_share
+    from wf_nb.lora import add_lora, trainable_share, compact_heap
     if cfg.training.compile or acc.num_processes > 1:
         raise ValueError("peft.method=lora runs in one process, eagerly: set training.compile=false and use one process")
     model = add_lora(model, cfg.peft, seed=cfg.training.seed)
+    compact_heap(cfg.peft.mmap_threshold_mb)   # 0: glibc's default allocator
     if acc.is_main_process: run.update(peft=trainable_share(model), base_digest=model.wf_base_digest)
     return model
 

@@ -133,6 +133,7 @@ def main(argv=None):
     ap.add_argument('--kd-delta', action='store_true', help='measure the KD targets\' change under a bf16 teacher instead')
     ap.add_argument('--profile', action='store_true', help='profile the last step: live tensor bytes at its peak, by category')
     ap.add_argument('--trim', action='store_true', help="glibc's malloc_trim(0) after every step (an experiment)")
+    ap.add_argument('--mmap-threshold-mb', type=int, default=0, help='peft.mmap_threshold_mb (adapter arms; wf_nb.lora.compact_heap)')
     a = ap.parse_args(argv)
     if a.kd_delta: return kd_delta(a)
     from wf_nb.config import get_config
@@ -140,10 +141,10 @@ def main(argv=None):
     from wf_nb.convert import convert
     from wf_nb.stages import stage3_step, _teacher, _stage_callbacks
     from wf_nb.trainer import Trainer
-    from wf_nb.lora import add_lora, trainable_share
+    from wf_nb.lora import add_lora, trainable_share, compact_heap
     torch.manual_seed(0)
     peft = [] if a.arm == 'full' else ['peft.method=lora', f'peft.r={a.r}', f'peft.alpha={2 * a.r}', 'peft.targets=q,k,v,o,gate,up,down',
-                                       f"peft.checkpointing={a.arm != 'lora-nockpt'}"]
+                                       f"peft.checkpointing={a.arm != 'lora-nockpt'}", f'peft.mmap_threshold_mb={a.mmap_threshold_mb}']
     cfg = get_config([*peft, f'training.precision={a.precision}', f'training.max_steps={a.steps}', f'training.batch_size={a.batch_size}',
                       f'data.seq_len={a.seq_len}', 'training.save_interval=100000', 'logging.progress=false',
                       'logging.wandb_mode=disabled', 'training.lr=1e-4'], stage='3', model='smollm2_135m')
@@ -152,6 +153,7 @@ def main(argv=None):
     model = convert(fp, cfg.quant).train(); del fp
     if a.arm != 'full':
         model = add_lora(model, cfg.peft, seed=0)
+        out['mmap_threshold_mb'] = a.mmap_threshold_mb if compact_heap(cfg.peft.mmap_threshold_mb) else 0   # as the stage does
         out['share'] = trainable_share(model)
         out['checkpointing'] = bool(getattr(model, 'is_activation_checkpointing', False) or getattr(model, 'is_gradient_checkpointing', False))
     out['rss_student_mb'] = rss_mb()
