@@ -45,8 +45,8 @@ def _positions(logits, mask=None, labels=None):
 @compilable
 def kl_sum(student, teacher, T: float = 1.0, keep=None):
     "`KL(softmax(teacher/T) || softmax(student/T))` of `[N, V]` logits in fp32, summed over the rows (those `keep` [N] marks)."
-    ls = F.log_softmax(student.float() / T, -1)
-    lt = F.log_softmax(teacher.detach().float() / T, -1)
+    scaled = lambda x: x.float() if T == 1 else x.float() / T   # at T = 1 a division is a pass over [N, V] for nothing
+    ls, lt = F.log_softmax(scaled(student), -1), F.log_softmax(scaled(teacher.detach()), -1)
     if keep is None: return F.kl_div(ls, lt, log_target=True, reduction='sum')
     return torch.where(keep, F.kl_div(ls, lt, log_target=True, reduction='none').sum(-1), 0.).sum()
 

@@ -313,14 +313,12 @@ def _permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     "HF's q/k rows (rotate_half halves) -> llama.cpp llama's interleaved pairs (the converter's `permute`)."
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
-# %% ../nbs/03_gguf_export.ipynb #088cd1c4
-def write_fp_gguf(model, path, tokenizer, wtype: str = 'f16', name: str = 'wf_nb-fp') -> dict:
-    "Write an HF Llama model (`nn.Linear`s, tied or untied) as a llama.cpp `llama` GGUF with matrices in `wtype`."
+# %% ../nbs/03_gguf_export.ipynb #b7f2e61a
+def _write_fp_tensors(w, model, tokenizer, wtype: str, name: str, types: dict):
+    "`write_fp_gguf`'s body: metadata, tokenizer and every tensor into the open writer `w`; records each tensor's type in `types`."
     import gguf
-    cfg, types = model.config, {}
-    if getattr(cfg, 'model_type', None) != 'llama': raise GGUFError(f"gguf: write_fp_gguf writes Llama models, not {cfg.model_type!r}")
+    cfg = model.config
     nmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    w = gguf.GGUFWriter(str(path), 'llama')
     w.add_name(name); _add_hparams(w, cfg, {'f16': 1, 'q8_0': 7, 'q4_0': 2}[wtype], pad_plan(cfg, 'q2_0'))   # never padded
     add_tokenizer(w, tokenizer, cfg.vocab_size)
     for k, v in model.state_dict().items():
@@ -332,4 +330,14 @@ def write_fp_gguf(model, path, tokenizer, wtype: str = 'f16', name: str = 'wf_nb
         arr, qt = _embed_tensor(arr, et) if arr.ndim == 2 else (arr, gguf.GGMLQuantizationType.F32)
         w.add_tensor(g, arr, raw_dtype=qt); types[g] = qt.name
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    return types
+
+# %% ../nbs/03_gguf_export.ipynb #088cd1c4
+def write_fp_gguf(model, path, tokenizer, wtype: str = 'f16', name: str = 'wf_nb-fp') -> dict:
+    "Write an HF Llama model (`nn.Linear`s, tied or untied) as a llama.cpp `llama` GGUF with matrices in `wtype`."
+    import gguf
+    cfg, types = model.config, {}
+    if getattr(cfg, 'model_type', None) != 'llama': raise GGUFError(f"gguf: write_fp_gguf writes Llama models, not {cfg.model_type!r}")
+    from wf_nb.io import atomic_file
+    atomic_file(path, lambda tmp: _write_fp_tensors(gguf.GGUFWriter(str(tmp), 'llama'), model, tokenizer, wtype, name, types))
     return types

@@ -16,7 +16,7 @@ __all__ = ['SCALES', 'STRATEGIES', 'WF_COMMANDS', 'LAUNCH_ENV', 'num_processes',
 # %% ../nbs/06e_launch.ipynb #a3784f90
 SCALES: dict[str, int] = {'single': 1, 'small': 2, 'medium': 4, 'large': 8}
 STRATEGIES = ('ddp', 'fsdp')
-WF_COMMANDS = ('train', 'launch', 'smoke', 'config', 'runs', 'logs', 'cancel', 'data', 'eval', 'export', 'generate')
+WF_COMMANDS = ('train', 'pipeline', 'launch', 'smoke', 'config', 'runs', 'logs', 'cancel', 'data', 'eval', 'export', 'generate', 'ablate')
 
 def _cuda_count() -> int:
     try:
