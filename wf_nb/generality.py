@@ -4,16 +4,17 @@
 
 # %% ../nbs/08b_generality.ipynb #3c5063bb
 from __future__ import annotations
-import json, math
+import json, math, random, re
 from pathlib import Path
 import torch
 from .corpora import CORPORA
-from .io import write_json, read_json
-from .evaluate import perplexity
+from .io import write_json, read_json, atomic_write_text
+from .evaluate import perplexity, multiple_choice
 
 # %% auto #0
 __all__ = ['HELDOUT_DOMAINS', 'CHAT_PROMPTS', 'spread', 'heldout_texts', 'generality_ppl', 'ratios', 'teacher_answers',
-           'chat_agreement', 'cached_answers']
+           'chat_agreement', 'cached_answers', 'mc_sites', 'domain_mc_items', 'heldout_mc', 'write_mc', 'mc_baselines',
+           'generality_mc', 'mc_ratios', 'mc_mean']
 
 # %% ../nbs/08b_generality.ipynb #087d1c45
 HELDOUT_DOMAINS = {'dictionary': 'gcide', 'computing_lore': 'jargon', 'quotations': 'fortunes', 'changelogs': 'changelogs',
@@ -42,12 +43,16 @@ def heldout_texts(domains=None, chunk_chars: int = 2000) -> dict[str, list[str]]
     return out
 
 # %% ../nbs/08b_generality.ipynb #287d2b7c
+def _autocast(model, on: bool):
+    "bf16 autocast when `on` and the model is on the CPU, else a no-op context."
+    return torch.autocast('cpu', dtype=torch.bfloat16, enabled=on and next(model.parameters()).device.type == 'cpu')
+
 @torch.no_grad()
 def generality_ppl(model, tokenizer, texts: dict[str, list[str]], max_tokens: int = 16000, seq_len: int = 256,
                    autocast: bool = True) -> dict[str, float]:
     "Perplexity per domain of `texts` (`heldout_texts()`), bf16 autocast on CPU when `autocast`."
-    ctx = torch.autocast('cpu', dtype=torch.bfloat16) if autocast and next(model.parameters()).device.type == 'cpu' else torch.autocast('cpu', enabled=False)
-    with ctx: return {d: perplexity(model, t, tokenizer, seq_len=seq_len, max_tokens=max_tokens)['perplexity'] for d, t in texts.items()}
+    with _autocast(model, autocast):
+        return {d: perplexity(model, t, tokenizer, seq_len=seq_len, max_tokens=max_tokens)['perplexity'] for d, t in texts.items()}
 
 def ratios(student: dict, teacher: dict) -> dict[str, float]:
     "Student / teacher perplexity for every domain both have."
@@ -111,3 +116,110 @@ def cached_answers(path, teacher, tokenizer, prompts=None, max_new: int = 64) ->
     pairs = teacher_answers(teacher, tokenizer, prompts, max_new)
     write_json(path, {'prompts': prompts, 'max_new': max_new, 'pairs': pairs}, indent=None)
     return pairs
+
+# %% ../nbs/08b_generality.ipynb #a3c8a774
+def _words(text: str) -> list[tuple[int, int]]:
+    "`(start, end)` of each whitespace-separated word of `text`."
+    return [m.span() for m in re.finditer(r'\S+', text)]
+
+def _span(text: str, words: list, t: int, k: int) -> str:
+    "The `k` words of `text` from word `t` (>= 1) on, with the whitespace before the first."
+    return text[words[t - 1][1]:words[t + k - 1][1]]
+
+# %% ../nbs/08b_generality.ipynb #0d8c9cf6
+def mc_sites(words: list[list], context_words: int = 40, max_words: int = 15) -> list[tuple[int, int]]:
+    "`(piece, first word)` of every non-overlapping window of `context_words + max_words` words; `words`: `_words` of each piece."
+    size = context_words + max_words
+    return [(i, s) for i, w in enumerate(words) for s in range(0, len(w) - size + 1, size)]
+
+# %% ../nbs/08b_generality.ipynb #e86a9763
+def _distractor(pieces: list[str], words: list[list], i: int, k: int, rng, gap: int, seen: set) -> str:
+    "A span of `k` words from a piece at least `gap` pieces from piece `i`, whose words are none of `seen`."
+    far = [q for q in range(len(pieces)) if abs(q - i) >= gap and len(words[q]) > k]
+    for _ in range(100) if far else ():
+        q = rng.choice(far)
+        d = _span(pieces[q], words[q], rng.randint(1, len(words[q]) - k), k)
+        if tuple(d.split()) not in seen: return d
+    raise ValueError(f"no distractor of {k} words at least {gap} pieces from piece {i} ({len(pieces)} pieces): use more text or a smaller gap")
+
+# %% ../nbs/08b_generality.ipynb #bce6ed54
+def domain_mc_items(pieces: list[str], n: int = 100, rng=None, context_words: int = 40, n_words=(10, 15),
+                    n_choices: int = 4, gap: int = 5) -> list[dict]:
+    "Up to `n` items `{context, answer, distractors, piece}` of one domain's `pieces`."
+    rng, words, out = rng or random.Random(0), [_words(p) for p in pieces], []
+    sites = mc_sites(words, context_words, n_words[1])
+    for i, s in rng.sample(sites, min(n, len(sites))):
+        k, p, w = rng.randint(*n_words), pieces[i], words[i]
+        ans = _span(p, w, s + context_words, k)
+        ds, seen = [], {tuple(ans.split())}
+        for _ in range(n_choices - 1):
+            ds.append(_distractor(pieces, words, i, k, rng, gap, seen)); seen.add(tuple(ds[-1].split()))
+        out.append(dict(context=p[w[s][0]:w[s + context_words - 1][1]], answer=ans, distractors=ds, piece=i))
+    return out
+
+# %% ../nbs/08b_generality.ipynb #59bc6b15
+def _place(items: list[dict], rng, domain: str, n_choices: int = 4) -> list[dict]:
+    "Multiple-choice rows `{context, choices, label, domain, piece}`, the answers at balanced, shuffled positions."
+    pos = [i % n_choices for i in range(len(items))]
+    rng.shuffle(pos)
+    rows = []
+    for it, p in zip(items, pos):
+        ch = list(it['distractors']); ch.insert(p, it['answer'])
+        rows.append(dict(context=it['context'], choices=ch, label=p, domain=domain, piece=it['piece']))
+    return rows
+
+# %% ../nbs/08b_generality.ipynb #2e1ba04a
+def heldout_mc(texts=None, n: int = 100, seed: int = 0, **kw) -> dict[str, list[dict]]:
+    "{domain: up to `n` multiple-choice rows} of each held-out domain (`heldout_texts()` by default), seeded per domain."
+    texts = heldout_texts() if texts is None else texts
+    out = {}
+    for d, pieces in texts.items():
+        rng = random.Random(f'heldout_mc:{seed}:{d}')
+        out[d] = _place(domain_mc_items(pieces, n, rng, **kw), rng, d, kw.get('n_choices', 4))
+    return out
+
+# %% ../nbs/08b_generality.ipynb #8182df40
+def write_mc(rows: dict[str, list[dict]], out_dir) -> dict[str, Path]:
+    "{domain: `out_dir/heldout_mc_<domain>.jsonl`}, written atomically."
+    out = {}
+    for d, rs in rows.items():
+        out[d] = atomic_write_text(Path(out_dir)/f'heldout_mc_{d}.jsonl', ''.join(json.dumps(r) + '\n' for r in rs))
+    return out
+
+# %% ../nbs/08b_generality.ipynb #9fc07250
+def mc_baselines(rows: list[dict], tokenizer=None) -> dict[str, float]:
+    "Accuracy of answer-blind picks on `rows`: longest/shortest choice (characters; tokens with `tokenizer`), first, last, most words shared with the context."
+    ws = lambda s: set(re.findall(r'\w+', s.lower()))
+    ntok = lambda s: len(tokenizer(s, add_special_tokens=False).input_ids)
+    pick = {'longest (chars)': lambda r: max(r['choices'], key=len), 'shortest (chars)': lambda r: min(r['choices'], key=len),
+            'first': lambda r: r['choices'][0], 'last': lambda r: r['choices'][-1],
+            'most words shared with the context': lambda r: max(r['choices'], key=lambda c: len(ws(c) & ws(r['context'])))}
+    if tokenizer is not None:
+        pick.update({'longest (tokens)': lambda r: max(r['choices'], key=ntok), 'shortest (tokens)': lambda r: min(r['choices'], key=ntok)})
+    return {k: sum(f(r) == r['choices'][r['label']] for r in rows) / max(1, len(rows)) for k, f in pick.items()}
+
+# %% ../nbs/08b_generality.ipynb #e676ece2
+@torch.no_grad()
+def generality_mc(model, tokenizer, rows: dict[str, list[dict]], autocast: bool = True, max_len: int = 1024) -> dict[str, dict]:
+    "{domain: `multiple_choice` result} (acc, acc_norm, their standard errors, n) on `rows` (`heldout_mc()`)."
+    out = {}
+    with _autocast(model, autocast):
+        for d, rs in rows.items():
+            r = multiple_choice(model, tokenizer, rs, max_len); r.pop('predictions'); out[d] = r
+    return out
+
+# %% ../nbs/08b_generality.ipynb #6f5d2be1
+def mc_ratios(student: dict, teacher: dict, chance: float = 0.25, key: str = 'acc') -> dict[str, dict]:
+    "{domain: {ratio, above_chance}}: student/teacher accuracy and `(s - chance) / (t - chance)` (None where the teacher is at chance)."
+    out = {}
+    for d in student:
+        if d not in teacher: continue
+        s, t = student[d][key], teacher[d][key]
+        out[d] = {'ratio': s / t if t else None, 'above_chance': (s - chance) / (t - chance) if t > chance else None}
+    return out
+
+def mc_mean(res: dict, key: str = 'acc') -> dict:
+    "Mean accuracy over the domains of `res` (`generality_mc`), with its standard error, and the items in all."
+    accs = [r[key] for r in res.values()]
+    se = math.sqrt(sum(r[key + '_stderr'] ** 2 for r in res.values())) / len(accs)
+    return {key: sum(accs) / len(accs), key + '_stderr': se, 'n': sum(r['n'] for r in res.values())}
