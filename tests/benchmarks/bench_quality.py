@@ -8,6 +8,10 @@ tokens (300 steps x 4 x 128, bf16 autocast; teacher forwards do not count) and e
                 and as the ratio to the FP teacher's
   chat          agreement with the teacher on held-out chat prompts (wf_nb.generality.CHAT_PROMPTS) and its greedy
                 64-token answers: mean KL(teacher || student) per answer token, and top-1 agreement
+  mc            zero-shot multiple choice on the same six domains (wf_nb.generality.heldout_mc: --mc-items items per
+                domain, default 100; a 40-word context and four continuations of 10-15 words, the true one and three
+                spans from far away in the same domain), scored as `wf eval --mc` scores (summed log-likelihood, bf16
+                autocast): accuracy per domain, student/teacher and (acc - 0.25) / (teacher's - 0.25)
   legacy        issue 12's three sources: the Shakespeare documents the data split holds out, three books of the KJV
                 Bible (Psalms, Luke, Acts) and four license texts. Scripture and legal text are training domains of
                 the `general` mixture, so for its arms these two columns are not held-out domains.
@@ -26,11 +30,16 @@ Arms (each in its own process, `--parallel` at a time); DATA is a data preset or
 
     python tests/benchmarks/bench_quality.py [--tokens 153600] [--arms fp,ptq,naive_qat,kd_peer,wf_pipeline]
                                              [--parallel 2] [--threads N] [--out bench_quality_out] [--eval-tokens 16000]
+                                             [--mc-items 100]
     python tests/benchmarks/bench_quality.py --arms fp,wf_pipeline@general,kd_peer@general@1e-3 --parallel 1 --threads 1
     python tests/benchmarks/bench_quality.py --grad-scale     # gradient norm of each loss term (a minute)
     python tests/benchmarks/bench_quality.py --table --out DIR   # print the tables of the arms finished in DIR
+    python tests/benchmarks/bench_quality.py --add-mc --out DIR [--model ARM=PATH ...]   # MC for finished arms whose
+        # model can be had again: fp and ptq are rebuilt, wf_pipeline arms are read from their saved output (recorded
+        # in the arm's JSON, or given by --model); naive_qat and kd_peer keep no model, so the table says so
 
-Prints the generality table (perplexity / teacher per domain, their geometric mean, chat KL and top-1), the legacy
+Prints the generality table (perplexity / teacher per domain, their geometric mean, chat KL and top-1), the
+multiple-choice table (accuracy per domain, its ratios to the teacher's) with the items' trivial baselines, the legacy
 table (perplexity, ratio to naive QAT), and the speed table: per arm the training loop's wall time and student tokens
 per second, measured the same way for every arm (student tokens / the wall time from the first training step to the
 last: no model loading, conversion, data set-up or evaluation; wf_nb's from its runs' metrics, checkpoints saved
@@ -72,8 +81,8 @@ def cfg_for(precision='bf16', seed=42, data='shakespeare'):
     return get_config([f'training.batch_size={B}', f'data.seq_len={S}', f'training.seed={seed}', f'training.precision={precision}',
                        *data_overrides(data)], stage='2', model='smollm2_135m')
 
-def evaluate(model, max_tokens: int, teacher=None, answers=None) -> dict:
-    "Perplexity per legacy source and per generality domain (bf16 autocast, as trained); chat agreement with `teacher`."
+def evaluate(model, max_tokens: int, teacher=None, answers=None, mc_items: int = 100) -> dict:
+    "Perplexity per legacy source and per generality domain (bf16 autocast, as trained); chat agreement with `teacher`; multiple choice."
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
@@ -93,7 +102,16 @@ def evaluate(model, max_tokens: int, teacher=None, answers=None) -> dict:
         res['shakespeare'] = math.exp(nll / n)
     res['domains'] = generality_ppl(model, tok, heldout_texts(), max_tokens=max_tokens, seq_len=256)
     if teacher is not None and answers: res.update(chat_agreement(model, teacher, answers))
+    if mc_items: res.update(evaluate_mc(model, mc_items))
     return res
+
+def evaluate_mc(model, mc_items: int = 100) -> dict:
+    "Zero-shot multiple choice on the held-out domains (`heldout_mc`, seed 0), as `wf eval --mc` scores it, under bf16 autocast."
+    from wf_nb.assets import load_tokenizer
+    from wf_nb.generality import heldout_mc, generality_mc
+    t0 = time.time(); model.eval()
+    mc = generality_mc(model, load_tokenizer(cfg_for().model), heldout_mc(n=mc_items))
+    return {'mc': mc, 'mc_items': mc_items, 'mc_eval_s': time.time() - t0}
 
 from bench_train import hf_bitnet   # transformers' AutoBitLinear (online) in every linear but lm_head: the naive QAT layer
 
@@ -166,7 +184,7 @@ def run_arm(arm: str, a) -> dict:
     # train_s: the training loop's wall time, measured the same way for every arm: from the first step to the last,
     # without model loading, conversion, data set-up or evaluation (wf_nb's runs: from their metrics, whose windows
     # include the checkpoints saved between steps). wall_s: everything the arm did before its evaluation.
-    t0, cmd, trained, train_s, stages = time.time(), None, 0, 0.0, None
+    t0, cmd, trained, train_s, stages, saved = time.time(), None, 0, 0.0, None, None
     if kind == 'wf_pipeline':
         cmd = ['wf', 'pipeline', '-m', 'smollm2_135m', '--tokens', str(a.tokens), '--runs-dir', str(Path(a.out)/'runs'),
                'training.precision=bf16', 'logging.progress=false', *data_overrides(data), *shlex.split(a.wf_args)]
@@ -174,7 +192,7 @@ def run_arm(arm: str, a) -> dict:
         if r.returncode: raise SystemExit(f"wf pipeline failed:\n{r.stderr[-3000:]}")
         out = r.stdout.strip().splitlines()[-1].split('output ')[-1]
         from wf_nb.convert import load
-        model, trained = load(out), a.tokens
+        model, trained, saved = load(out), a.tokens, out
         stages = pipeline_train_seconds(out); train_s = sum(stages.values())
     elif kind in ('fp', 'ptq', 'naive_qat', 'kd_peer'):
         model = load_fp_model(cfg_for().model)
@@ -184,10 +202,37 @@ def run_arm(arm: str, a) -> dict:
         cmd = ['python', 'tests/benchmarks/bench_quality.py', '--arms', arm, '--tokens', str(a.tokens)]
     else: raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)} (optionally @DATA, kd_peer also @LR)")
     wall_s = time.time() - t0
-    res = evaluate(model, a.eval_tokens, teacher, answers)
-    return {'arm': arm, 'data': data, 'lr': lr, **res, 'train_s': train_s, 'wall_s': wall_s, 'stage_train_s': stages,
+    res = evaluate(model, a.eval_tokens, teacher, answers, a.mc_items)
+    return {'arm': arm, 'data': data, 'lr': lr, 'output': saved, **res, 'train_s': train_s, 'wall_s': wall_s, 'stage_train_s': stages,
             'tokens': trained, 'tokens_per_s': trained / train_s if trained and train_s else None,
             'eval_s': time.time() - t0 - wall_s, 'eval_tokens': a.eval_tokens, 'command': ' '.join(cmd), 'threads': torch.get_num_threads()}
+
+def arm_model(r: dict, paths: dict):
+    "The model of a finished arm `r` (its JSON), or None: fp and ptq are rebuilt, wf arms loaded from `paths[arm]` or their recorded output."
+    from wf_nb.assets import load_fp_model
+    kind = parse_arm(r['arm'])[0]
+    if kind in ('fp', 'ptq'):
+        m = load_fp_model(cfg_for().model)
+        return m if kind == 'fp' else hf_bitnet(m)
+    path = paths.get(r['arm']) or r.get('output')
+    if path and Path(path).exists():
+        from wf_nb.convert import load
+        return load(path)
+    return None
+
+def add_mc(out: Path, paths: dict, mc_items: int = 100):
+    "Add multiple choice to every finished arm in `out` that lacks it at `mc_items` items; arms whose model is gone get a note."
+    import torch
+    for f in sorted(out.glob('*.json')):
+        r = json.loads(f.read_text())
+        if 'arm' not in r or r.get('mc_items') == mc_items: continue
+        torch.manual_seed(0); model = arm_model(r, paths)
+        if model is None: r['mc_note'] = 'model not saved'; print(f"{r['arm']}: no model to score (not saved)", file=sys.stderr)
+        else:
+            r.update(evaluate_mc(model, mc_items), mc_threads=torch.get_num_threads()); r.pop('mc_note', None)
+            if paths.get(r['arm']): r['output'] = paths[r['arm']]
+            print(f"{r['arm']}: multiple choice in {r['mc_eval_s']:.0f}s", file=sys.stderr, flush=True)
+        tmp = f.with_name(f'.{f.name}.tmp'); tmp.write_text(json.dumps(r, indent=1)); os.replace(tmp, f)
 
 def grad_scale():
     "Gradient norm of each Stage-1.9 / 2 term on the real Stage-1 student, one 4 x 128 Shakespeare batch (issue 12, item 1)."
@@ -237,6 +282,46 @@ def generality_table(rows: list[dict]) -> str:
         lines.append(f"| {r['arm']} | " + ' | '.join(cells) + f" | {geo} | {chat[0]} | {chat[1]} | {r['train_s']:.0f} | {tps} |")
     return '\n'.join(lines) + ('\n\n(fp row: the teacher\'s perplexity; other rows: perplexity / teacher\'s)' if fp else '')
 
+def mc_table(rows: list[dict]) -> str:
+    "Per held-out domain: items, the FP teacher's MC accuracy, and per other arm its accuracy, student/teacher and (acc - 0.25) / (teacher's - 0.25)."
+    from wf_nb.generality import mc_ratios, mc_mean
+    have = [r for r in rows if r.get('mc')]
+    if not have: return '(no multiple-choice results in these arms: run with --add-mc)'
+    fp = next((r for r in have if r['arm'] == 'fp'), None)
+    arms = [r for r in have if r is not fp]
+    doms = list((fp or have[0])['mc'])
+    mean = lambda r: mc_mean({d: r['mc'][d] for d in doms if d in r['mc']})
+    acc = lambda x: f"{x['acc']:.3f} +- {x['acc_stderr']:.3f}"
+    rat = lambda v, f: '' if v is None else f.format(v)
+    head = '| domain | n | ' + ('FP teacher acc | ' if fp else '') + ''.join(
+        f"{r['arm']} acc | " + ('/ teacher | above chance / teacher\'s | ' if fp else '') for r in arms)
+    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    for d in doms + ['mean of domains']:
+        get = (lambda r: r['mc'].get(d)) if d != 'mean of domains' else mean
+        cells = [str((get(fp) or get(have[0]))['n'])] + ([acc(get(fp))] if fp else [])
+        for r in arms:
+            x = get(r)
+            if x is None: cells += [''] * (3 if fp else 1); continue
+            cells.append(acc(x))
+            if fp:
+                q = mc_ratios({d: x}, {d: get(fp)})[d]
+                cells += [rat(q['ratio'], '{:.2f}x'), rat(q['above_chance'], '{:.2f}')]
+        lines.append(f'| {d} | ' + ' | '.join(cells) + ' |')
+    gone = [f"{r['arm']}: no multiple choice ({r.get('mc_note', 'not evaluated: --add-mc')})" for r in rows if not r.get('mc')]
+    return '\n'.join(lines) + ''.join(f'\n\n{g}' for g in gone)
+
+def baseline_table(mc_items: int) -> str:
+    "Answer-blind picks on the held-out MC items (the same items every arm is scored on): chance is 0.25."
+    from wf_nb.assets import load_tokenizer
+    from wf_nb.generality import heldout_mc, mc_baselines
+    rows = heldout_mc(n=mc_items); tok = load_tokenizer(cfg_for().model)
+    allr = [x for rs in rows.values() for x in rs]
+    b = {d: mc_baselines(rs, tok) for d, rs in rows.items()} | {'all': mc_baselines(allr, tok)}
+    names = list(b['all'])
+    lines = ['| pick | ' + ' | '.join(b) + ' |', '|' + '---|' * (len(b) + 1)]
+    lines += [f'| {k} | ' + ' | '.join(f'{b[d][k]:.3f}' for d in b) + ' |' for k in names]
+    return '\n'.join(lines) + f'\n\n({len(allr)} items; the standard error of a chance pick is {math.sqrt(3 / 16 / max(1, len(allr))):.3f} over all of them)'
+
 def legacy_table(rows: list[dict]) -> str:
     srcs = [k for k in LEGACY if any(k in r for r in rows)]
     base = next((r for r in rows if r['arm'] == 'naive_qat'), None)
@@ -263,7 +348,7 @@ def speed_table(rows: list[dict]) -> str:
 
 def print_tables(out: Path, arms=None, tokens=None, t0=None):
     files = [out/f'{arm}.json' for arm in arms] if arms else sorted(out.glob('*.json'))
-    rows = [json.loads(f.read_text()) for f in files if f.exists() and f.name != 'chat_answers.json']
+    rows = [r for f in files if f.exists() and f.name != 'chat_answers.json' for r in [json.loads(f.read_text())] if 'arm' in r]
     rows.sort(key=lambda r: (r['arm'] != 'fp', r['arm']))
     if not rows: print(f"no finished arms in {out}"); return
     ev = {r.get('eval_tokens') for r in rows}
@@ -271,6 +356,12 @@ def print_tables(out: Path, arms=None, tokens=None, t0=None):
           + (f", {time.time() - t0:.0f}s this invocation" if t0 else ''))
     print('\n## Generality (held-out domains: perplexity / FP teacher; chat agreement with the teacher)\n')
     print(generality_table(rows))
+    print('\n## Zero-shot multiple choice on the held-out domains (accuracy; student / teacher)\n')
+    print(mc_table(rows))
+    mi = next((r['mc_items'] for r in rows if r.get('mc_items')), None)
+    if mi:
+        print(f'\nTrivial baselines on these items (answer-blind picks; chance 0.25):\n')
+        print(baseline_table(mi))
     print('\n## Legacy sources (issue 12)\n')
     print(legacy_table(rows))
     print('\n## Speed (student tokens / training wall time, per arm)\n')
@@ -286,10 +377,18 @@ def main():
     ap.add_argument('--one', metavar='ARM', help=argparse.SUPPRESS)
     ap.add_argument('--grad-scale', action='store_true', help='print the gradient norm of each loss term and exit')
     ap.add_argument('--table', action='store_true', help='print the tables of the finished arms in --out and exit')
+    ap.add_argument('--mc-items', type=int, default=100, help='multiple-choice items per held-out domain (0: none)')
+    ap.add_argument('--add-mc', action='store_true', help='add multiple choice to the finished arms in --out, print the tables and exit')
+    ap.add_argument('--model', action='append', default=[], metavar='ARM=PATH', help='with --add-mc: where an arm\'s trained model was saved')
     a = ap.parse_args()
     if a.grad_scale: return grad_scale()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     if a.table: return print_tables(out)
+    if a.add_mc:
+        if any('=' not in m for m in a.model): ap.error(f"--model takes ARM=PATH, got {a.model}")
+        paths = dict(m.split('=', 1) for m in a.model)
+        add_mc(out, paths, a.mc_items)
+        return print_tables(out)
     if a.one:
         res = run_arm(a.one, a)
         tmp = out/f'.{a.one}.json.tmp'; tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out/f'{a.one}.json')
@@ -305,7 +404,8 @@ def main():
             arm = todo.pop(0)
             log = open(out/f'{arm}.log', 'a')
             procs[arm] = subprocess.Popen([sys.executable, __file__, '--one', arm, '--out', str(out), '--tokens', str(a.tokens),
-                                           '--eval-tokens', str(a.eval_tokens), '--wf-args', a.wf_args], stdout=log, stderr=log, env=env)
+                                           '--eval-tokens', str(a.eval_tokens), '--wf-args', a.wf_args,
+                                           '--mc-items', str(a.mc_items)], stdout=log, stderr=log, env=env)
         for arm, p in list(procs.items()):
             if p.poll() is not None:
                 del procs[arm]
