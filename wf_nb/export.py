@@ -11,6 +11,7 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 from .errors import WFError
 from .kernels import PackedBitLinear, act_codes
+from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch
 from .quant import BitLinear, unpack_ternary
 from .io import atomic_dir, atomic_file, check_output, mark_output, OutputError
 
@@ -232,15 +233,20 @@ def _rotate_half(x): return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.sha
 
 # %% ../nbs/03a_export.ipynb #e9f8f2b2
 class _Proj:
-    "One or more PackedBitLinears that read the same input, fused: their int8 weights stacked, one scale per output."
-    def __init__(self, mods):
+    "One or more PackedBitLinears that read the same input, fused: their ternary weights stacked, one scale per output."
+    def __init__(self, mods, ext=None):
         # [N, K] int8, which `torch._int_mm` reads transposed (each output's K codes contiguous: the fast layout for one-row
         # products); unpacked here, not through `m.ternary()`, whose cache would hold a second copy
-        self.w = torch.cat([unpack_ternary(m.weight, m.out_features) for m in mods])
+        w = torch.cat([unpack_ternary(m.weight, m.out_features) for m in mods])
         self.s = torch.cat([m.weight_scale.float().expand(m.out_features) for m in mods])
         self.b = None if mods[0].bias is None else torch.cat([m.bias.float() for m in mods])
-        self.split = [m.out_features for m in mods]
+        self.split, self.ext = [m.out_features for m in mods], ext
+        self.w = w if ext is None else pack_ternary2(w)   # with the CPU kernels: 2 bits a weight, no int8 copy kept
     def __call__(self, x: torch.Tensor, out_dtype) -> torch.Tensor:
+        if self.ext is not None:   # `wf_nb.cpu_kernels`: the same codes, int32 sums and rounding, in one call
+            y = self.ext.tern_linear(x if x.dtype in (torch.float32, torch.bfloat16) else x.float(), self.w, self.s, self.b,
+                                     out_dtype == torch.bfloat16)
+            return y if y.dtype == out_dtype else y.to(out_dtype)
         xq, xs = act_codes(x, backend='torch')   # PackedBitLinear's quantizer
         y = torch.div(torch._int_mm(xq, self.w.t()), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
         if self.b is not None: y += self.b
@@ -278,10 +284,16 @@ class FastDecoder:
         self.H, self.KV = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, 'head_dim', None) or cfg.hidden_size // self.H
         self.max_pos, self.eps = cfg.max_position_embeddings, cfg.rms_norm_eps
+        self.ext = ext = cpu_ext()   # the 2-bit CPU kernels, or None: torch's int8 path
         self.layers = [dict(ln1=l.input_layernorm.weight, ln2=l.post_attention_layernorm.weight,
                             sub1=l.self_attn.attn_sub_norm.weight, sub2=l.mlp.ffn_sub_norm.weight, act=l.mlp.act_fn,
-                            qkv=_Proj([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]), o=_Proj([l.self_attn.o_proj]),
-                            gu=_Proj([l.mlp.gate_proj, l.mlp.up_proj]), down=_Proj([l.mlp.down_proj])) for l in model.model.layers]
+                            qkv=_Proj([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj], ext),
+                            o=_Proj([l.self_attn.o_proj], ext), gu=_Proj([l.mlp.gate_proj, l.mlp.up_proj], ext),
+                            down=_Proj([l.mlp.down_proj], ext)) for l in model.model.layers]
+        self.fused = ext is not None and _unfusable(self) is None and sum_matches_torch(ext)
+        for L in self.layers if self.fused else []:   # `decode_layer`'s arguments: float32 norm weights, packed weights, scales
+            L['fz'] = ([L[k].detach().float().contiguous() for k in ('ln1', 'ln2', 'sub1', 'sub2')],
+                       [L[k].w for k in ('qkv', 'o', 'gu', 'down')], [L[k].s for k in ('qkv', 'o', 'gu', 'down')])
         self.scale, self.cache_len = model.model.layers[0].self_attn.scaling, 0
         self.head = _fp16_head(model.lm_head) if self.dtype == torch.float32 else None
 
@@ -298,10 +310,9 @@ def _alloc(self: FastDecoder, n: int):
 
 # %% ../nbs/03a_export.ipynb #1eac7966
 @patch
-def forward(self: FastDecoder, ids: torch.Tensor, pos: int) -> torch.Tensor:
-    "Logits of the last of `ids` (1-D) at positions `pos..`; fills the cache. A prompt goes in at `pos = 0`, then one token at a time."
-    T, H, KV, D, dt = ids.shape[0], self.H, self.KV, self.D, self.dtype
-    h = self.model.model.embed_tokens(ids)
+def _layers(self: FastDecoder, h: torch.Tensor, pos: int) -> torch.Tensor:
+    "The decoder layers on `h` [T, hidden] at positions `pos..`, in torch ops (a prompt; any step without `decode_layer`)."
+    T, H, KV, D, dt = h.shape[0], self.H, self.KV, self.D, self.dtype
     cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
     for i, L in enumerate(self.layers):
         qkv = L['qkv'](_rms(h, L['ln1'], self.eps), dt)
@@ -314,8 +325,32 @@ def forward(self: FastDecoder, ids: torch.Tensor, pos: int) -> torch.Tensor:
         h = h + L['o'](_rms(a[0].transpose(0, 1).reshape(T, H * D), L['sub1'], self.eps), dt)
         g, u = L['gu'](_rms(h, L['ln2'], self.eps), dt).split(L['gu'].split, -1)
         h = h + L['down'](_rms(L['act'](g) * u, L['sub2'], self.eps), dt)
+    return h
+
+
+# %% ../nbs/03a_export.ipynb #4604328a
+def _unfusable(dec) -> str | None:
+    "Why `decode_layer` cannot run `dec`'s layers (None if it can): it knows SiLU MLPs without biases, in float32 or bfloat16."
+    if dec.dtype not in (torch.float32, torch.bfloat16): return f"{dec.dtype} storage"
+    silu = lambda a: isinstance(a, nn.SiLU) or type(a).__name__ == 'SiLUActivation'   # torch's, transformers' (F.silu)
+    if not all(silu(L['act']) for L in dec.layers): return "an activation other than SiLU"
+    if any(L[k].b is not None for L in dec.layers for k in ('qkv', 'o', 'gu', 'down')): return "biases"
+    if dec.D % 2: return "an odd head dim"
+    return None
+
+
+# %% ../nbs/03a_export.ipynb #18c07779
+@patch
+def forward(self: FastDecoder, ids: torch.Tensor, pos: int) -> torch.Tensor:
+    "Logits of the last of `ids` (1-D) at positions `pos..`; fills the cache. A prompt goes in at `pos = 0`, then one token at a time."
+    h = self.model.model.embed_tokens(ids)
+    if ids.shape[0] == 1 and self.fused:   # one token: one C++ call a layer, in place on h, the same numbers
+        for i, L in enumerate(self.layers):
+            self.ext.decode_layer(h, *L['fz'], self.k[i], self.v[i], self.cos, self.sin, pos, self.H, self.KV, self.eps, self.scale)
+    else: h = self._layers(h, pos)
     x = self.model.model.norm(h[-1:])
     return (self.model.lm_head(x) if self.head is None else torch.ops.quantized.linear_dynamic_fp16(x, self.head))[0]
+
 
 # %% ../nbs/03a_export.ipynb #fa5a0004
 def context_error(model, prompt_len: int, max_new_tokens: int) -> str | None:
