@@ -240,17 +240,20 @@ class _Proj:
         w = torch.cat([unpack_ternary(m.weight, m.out_features) for m in mods])
         self.s = torch.cat([m.weight_scale.float().expand(m.out_features) for m in mods])
         self.b = None if mods[0].bias is None else torch.cat([m.bias.float() for m in mods])
-        self.split, self.ext = [m.out_features for m in mods], ext
+        self.split, self.ext, self.K = [m.out_features for m in mods], ext, w.shape[1]
         self.w = w if ext is None else pack_ternary2(w)   # with the CPU kernels: 2 bits a weight, no int8 copy kept
     def __call__(self, x: torch.Tensor, out_dtype) -> torch.Tensor:
-        if self.ext is not None:   # `wf_nb.cpu_kernels`: the same codes, int32 sums and rounding, in one call
-            y = self.ext.tern_linear(x if x.dtype in (torch.float32, torch.bfloat16) else x.float(), self.w, self.s, self.b,
+        w = self.w
+        if self.ext is not None and x.shape[0] <= 8:   # `wf_nb.cpu_kernels`: the same codes, int32 sums and rounding, one call
+            y = self.ext.tern_linear(x if x.dtype in (torch.float32, torch.bfloat16) else x.float(), w, self.s, self.b,
                                      out_dtype == torch.bfloat16)
             return y if y.dtype == out_dtype else y.to(out_dtype)
+        if self.ext is not None: w = self.ext.unpack_int8(w, self.K)   # a longer prompt: int8 for this call, `_int_mm` is faster
         xq, xs = act_codes(x, backend='torch')   # PackedBitLinear's quantizer
-        y = torch.div(torch._int_mm(xq, self.w.t()), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
+        y = torch.div(torch._int_mm(xq, w.t()), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
         if self.b is not None: y += self.b
         return y.to(out_dtype)
+
 
 # %% ../nbs/03a_export.ipynb #9019fcd1
 def _fp16_head(lin: nn.Linear):

@@ -7,6 +7,9 @@ tests/llamacpp/llamacpp.mjs): our ternary GGUF (default: TQ1_0, hidden width pad
 fast TQ2_0 + Q8_0 one; Q2_0 unpadded; `--grid`: every ternary type x embedding q8_0/q5_1/q5_0/q4_0), and the FP model's
 F16 / Q8_0 / Q4_0 GGUFs written by `wf_nb.gguf_export.write_fp_gguf`. `--grid` also adds wf_nb rows whose embedding went
 through each GGUF embedding type and back: their perplexity is what llama.cpp should give on the same file.
+wf_nb rows: the default (`wf_nb.cpu_kernels`: 2-bit products, one C++ call a layer per token) and torch's int8 path
+(`WF_NB_NO_CPU_EXT=1`); their perplexity is the decode path's (FastDecoder fed one token at a time), and with
+--rounds > 1 each wf_nb row's decode speed is also given as a ratio to each llama.cpp row, per round (then the median).
 Every row runs in its own process (its own peak RSS); greedy decoding of --new tokens after a --prompt-token prompt;
 speeds are the median (or `--stat best`) of --repeat runs.
 
@@ -95,6 +98,7 @@ def timed_generate(model, x, new, fast):
 
 def torch_row(kind, path, threads, ids, prompt, new):
     "Prefill/decode tokens/s and perplexity of a transformers-style model (runs in this process)."
+    if kind == 'wf_nb-noext': os.environ['WF_NB_NO_CPU_EXT'] = '1'   # before wf_nb is imported: torch's int8 path
     import torch
     torch.set_num_threads(threads)
     if kind.startswith('fp'):
@@ -112,7 +116,12 @@ def torch_row(kind, path, threads, ids, prompt, new):
     with torch.inference_mode():
         timed_generate(model, x, min(new, 4), fast)    # warm-up (allocator, caches), untimed; llama_row does the same
         pres, decs = zip(*[timed_generate(model, x, new, fast) for _ in range(REPEAT)])   # the median (or best) of REPEAT
-        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        if fast:   # the decode path itself: FastDecoder one token at a time, as generation runs it
+            dec = model._fast_decoder
+            dec._alloc(len(ids))
+            logits = torch.stack([dec.forward(torch.tensor(ids[j:j + 1]), j) for j in range(len(ids) - 1)])
+        else: logits = model(torch.tensor([ids])).logits[0, :-1]
+        lp = torch.log_softmax(logits.float(), -1)
         nll = -lp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean().item()
     return dict(prefill_tps=pick(pres), decode_tps=pick(decs), ppl=math.exp(nll), rss_mib=vm_hwm_mib())
 
@@ -149,6 +158,7 @@ def llama_row(path, threads, ids, prompt, new):
 ROWS = [  # (row label, runtime, key of the file it reads, how)
     ('FP SmolLM2, fp32', 'transformers', 'fp', 'fp-fp32'), ('FP SmolLM2, bf16', 'transformers', 'fp', 'fp-bf16'),
     ('ternary student, wf-packed (bf16)', 'wf_nb', 'wf-packed', 'wf_nb'),
+    ('ternary student, wf-packed (bf16), torch int8 path (WF_NB_NO_CPU_EXT=1)', 'wf_nb', 'wf-packed', 'wf_nb-noext'),
     ('ternary student, hf-bitnet (bf16)', 'transformers', 'hf-bitnet', 'hf'),
     ('ternary student GGUF, default: TQ1_0 (padded 768) + Q5_0 emb.', 'llama.cpp', 'gguf-auto-q5_0', 'llama'),
     ('ternary student GGUF, TQ2_0 (padded 768) + Q8_0 emb.', 'llama.cpp', 'gguf-tq2_0-q8_0', 'llama'),
@@ -198,16 +208,22 @@ def main():
             d = json.loads(r.stdout.strip().splitlines()[-1])
             res.setdefault((t, label), []).append(d)
             print(f"round {rnd + 1}/{a.rounds}: {label}, {t} thread(s): prefill {d['prefill_tps']:.1f}, decode {d['decode_tps']:.1f} tok/s, "
-                  f"perplexity {d['ppl']:.1f}", flush=True)
+                  f"perplexity {d['ppl']:.2f}", flush=True)
     lines = [f"| runtime | model | threads | file MiB | peak RSS MiB | prefill tok/s | decode tok/s | perplexity |",
              "|---|---|---|---|---|---|---|---|"]
     for t, label, rt, key, how in rows:
         if (t, label) not in res: continue
         med = lambda k: statistics.median(d[k] for d in res[(t, label)])
         lines.append(f"| {rt} | {label} | {t} | {size_mib(Path(paths[key])):.1f} | {med('rss_mib'):.0f} | {med('prefill_tps'):.1f} | "
-                     f"{med('decode_tps'):.1f} | {med('ppl'):.1f} |")
+                     f"{med('decode_tps'):.1f} | {med('ppl'):.2f} |")
     table = '\n'.join(lines)
     print(f"\nprompt {a.prompt} tokens, {a.new} generated (hf-bitnet: 8), {a.stat} of {a.repeat} runs in each row's process, median over {a.rounds} interleaved round(s); perplexity on {len(ids)} held-out tokens\n{table}")
+    ratios = [f"| {w} | {l} | {t} | {statistics.median(x['decode_tps'] / y['decode_tps'] for x, y in zip(res[(t, w)], res[(t, l)])):.2f} |"
+              for t, w, rw, *_ in rows if rw == 'wf_nb' and (t, w) in res for t2, l, rl, *_ in rows
+              if rl == 'llama.cpp' and t2 == t and (t, l) in res]
+    if ratios and a.rounds > 1:
+        table += '\n\n| wf_nb row | llama.cpp row | threads | decode speed ratio (median of per-round ratios) |\n|---|---|---|---|\n' + '\n'.join(ratios)
+        print('\n'.join(table.split('\n\n')[1:]))
     if a.out: a.out.write_text(table + '\n')
 
 
