@@ -9,7 +9,7 @@ from fastcore.basics import patch
 from .io import atomic_dir
 
 # %% auto #0
-__all__ = ['cpu_ext', 'cpu_ext_reason', 'sum_matches_torch', 'pack_ternary2', 'ternary2_unpack']
+__all__ = ['q8_head', 'cpu_ext', 'cpu_ext_reason', 'sum_matches_torch', 'pack_ternary2', 'ternary2_unpack']
 
 # %% ../nbs/02b_cpu_kernels.ipynb #4a0d25d5
 _CPP_HEAD = r'''
@@ -254,6 +254,48 @@ torch::Tensor unpack_int8(torch::Tensor w, int64_t K) {
 '''
 
 # %% ../nbs/02b_cpu_kernels.ipynb #32d7767e
+_CPP_HEAD_Q8 = r'''
+torch::Tensor head_q8(torch::Tensor x, torch::Tensor w, torch::Tensor ws) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "head_q8: one float32 row");
+  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.is_contiguous() && w.size(1) % 64 == 0, "head_q8: int8 [N, Kp] weights");
+  const int64_t K = x.size(1), N = w.size(0), Kp = w.size(1);
+  std::vector<float> xf(Kp, 0.f);
+  std::memcpy(xf.data(), x.data_ptr<float>(), K * sizeof(float));
+  auto y = torch::empty({1, N}, torch::kFloat);
+  float* yp = y.data_ptr<float>(); const int8_t* wp = w.data_ptr<int8_t>(); const float* cp = ws.data_ptr<float>();
+  at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* r = wp + n * Kp;
+#if defined(__AVX512F__)
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t k = 0; k < Kp; k += 16) {   // a block of 32: one scale
+        const __m512 w16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(r + k)))),
+                                         _mm512_set1_ps(cp[n * (Kp / 32) + k / 32]));
+        acc = _mm512_fmadd_ps(w16, _mm512_loadu_ps(xf.data() + k), acc);
+      }
+      yp[n] = _mm512_reduce_add_ps(acc);
+#else
+      float d = 0.f;
+      for (int64_t k = 0; k < Kp; ++k) d += float(r[k]) * cp[n * (Kp / 32) + k / 32] * xf[k];
+      yp[n] = d;
+#endif
+    }
+  });
+  return y;
+}
+'''
+
+# %% ../nbs/02b_cpu_kernels.ipynb #96a07181
+def q8_head(w: torch.Tensor) -> tuple:
+    "`[N, K]` float weight -> (int8 `[N, Kp]`, float32 scales `[N, Kp/32]`) for `head_q8`: w ~ w8 * scale per block of 32."
+    N, K = w.shape
+    wp = torch.zeros(N, -(-K // 64) * 64)
+    wp[:, :K] = w.detach().float()
+    b = wp.view(N, -1, 32)
+    scale = b.abs().amax(-1).clamp(min=1e-12) / 127
+    return (b / scale[..., None]).round().clamp(-127, 127).to(torch.int8).view(N, -1), scale.contiguous()
+
+# %% ../nbs/02b_cpu_kernels.ipynb #244870f5
 _CPP_SUM = r'''
 // torch's float32 sum of a contiguous row (ATen's SumKernel: 8-float vectors, 4 interleaved partial sums, a cascade in
 // chunks of 16, the lanes added last), so that RMSNorm's mean is bit for bit the one torch computes
@@ -293,7 +335,7 @@ static float torch_sum(const float* x, int64_t n) {
 float row_sum(torch::Tensor x) { return torch_sum(x.contiguous().data_ptr<float>(), x.numel()); }
 '''
 
-# %% ../nbs/02b_cpu_kernels.ipynb #96a07181
+# %% ../nbs/02b_cpu_kernels.ipynb #377faf73
 _CPP_LAYER_PARTS = r'''
 static inline float rnd(float v, bool bf) { return bf ? bf16_to_f(f_to_bf16(v)) : v; }
 static inline float ldv(const void* p, int64_t i, bool bf) { return bf ? bf16_to_f(((const uint16_t*)p)[i]) : ((const float*)p)[i]; }
@@ -320,7 +362,7 @@ static torch::Tensor as_tensor(const float* v, int64_t n, at::ScalarType dt) {
 }
 '''
 
-# %% ../nbs/02b_cpu_kernels.ipynb #244870f5
+# %% ../nbs/02b_cpu_kernels.ipynb #4bef9b55
 _CPP_QKV = r'''
 // q, k, v of one token: the input norm, the fused projection, RoPE of q and k (x * cos + x.roll(D/2) * sin_signed, each op
 // rounded as torch rounds it), k and v written into the caches at pos; returns q as a [1, H, 1, D] tensor
@@ -347,7 +389,7 @@ static torch::Tensor qkv_rope(const std::vector<float>& hv, const torch::Tensor&
 }
 '''
 
-# %% ../nbs/02b_cpu_kernels.ipynb #377faf73
+# %% ../nbs/02b_cpu_kernels.ipynb #bedc5929
 _CPP_LAYER = r'''
 // one decoder layer for one token at position pos, in place on h [1, Dm] (float32 or bfloat16). norms: float32 copies of
 // input/post-attention/sub-norms; ws/ss: the packed q|k|v, o, gate|up, down and their scales; kc/vc [KV, n, D] caches;
@@ -381,11 +423,11 @@ void decode_layer(torch::Tensor h, std::vector<torch::Tensor> norms, std::vector
 }
 '''
 
-# %% ../nbs/02b_cpu_kernels.ipynb #4bef9b55
-_CPP = _CPP_HEAD + _CPP_PICK + _CPP_CODES + _CPP_DOT4 + _CPP_QUANT + _CPP_LINEAR + _CPP_UNPACK + _CPP_SUM + _CPP_LAYER_PARTS + _CPP_QKV + _CPP_LAYER
-_FUNCS = ['tern_linear', 'simd_path', 'unpack_int8', 'row_sum', 'decode_layer']
+# %% ../nbs/02b_cpu_kernels.ipynb #7e225d77
+_CPP = _CPP_HEAD + _CPP_PICK + _CPP_CODES + _CPP_DOT4 + _CPP_QUANT + _CPP_LINEAR + _CPP_UNPACK + _CPP_HEAD_Q8 + _CPP_SUM + _CPP_LAYER_PARTS + _CPP_QKV + _CPP_LAYER
+_FUNCS = ['tern_linear', 'simd_path', 'unpack_int8', 'head_q8', 'row_sum', 'decode_layer']
 
-# %% ../nbs/02b_cpu_kernels.ipynb #bedc5929
+# %% ../nbs/02b_cpu_kernels.ipynb #96e372d6
 _FLAGS = ['-O3', '-march=native', '-ffp-contract=off']
 
 def _cpu_flags() -> str:
@@ -393,7 +435,7 @@ def _cpu_flags() -> str:
     try: return next(l for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('flags'))
     except (OSError, StopIteration): return platform.processor() or platform.machine()
 
-# %% ../nbs/02b_cpu_kernels.ipynb #7e225d77
+# %% ../nbs/02b_cpu_kernels.ipynb #c53be3fa
 def _ext_key() -> str:
     "A hash of what the binary depends on."
     parts = [_CPP, ' '.join(_FLAGS), _cpu_flags(), torch.__version__, sys.version, os.environ.get('CXX', 'c++')]
@@ -406,7 +448,7 @@ def _ext_dir() -> Path:
     base = Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache')
     return base / 'wf_nb' / 'cpu_ext' / _ext_key()
 
-# %% ../nbs/02b_cpu_kernels.ipynb #96e372d6
+# %% ../nbs/02b_cpu_kernels.ipynb #f38d2492
 def _build(final: Path):
     "Compile the extension into `final` (atomically); returns the loaded module."
     from torch.utils.cpp_extension import load_inline
@@ -417,7 +459,7 @@ def _build(final: Path):
     atomic_dir(final, write, exists='keep')
     return mod['m']
 
-# %% ../nbs/02b_cpu_kernels.ipynb #c53be3fa
+# %% ../nbs/02b_cpu_kernels.ipynb #2ebd6b18
 def _load_built(final: Path):
     "The module built in `final`."
     import importlib.util
@@ -425,7 +467,7 @@ def _load_built(final: Path):
     m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
     return m
 
-# %% ../nbs/02b_cpu_kernels.ipynb #f38d2492
+# %% ../nbs/02b_cpu_kernels.ipynb #b1c23df6
 _STATE = {}
 
 def _why_not() -> str | None:
@@ -436,7 +478,7 @@ def _why_not() -> str | None:
     if not is_ninja_available(): return 'ninja is not installed (pip install ninja)'
     return None
 
-# %% ../nbs/02b_cpu_kernels.ipynb #2ebd6b18
+# %% ../nbs/02b_cpu_kernels.ipynb #b09fa852
 def cpu_ext():
     "The compiled CPU kernels (a module with `tern_linear`, `simd_path`), or None (see `cpu_ext_reason()`)."
     why = _why_not()
@@ -449,12 +491,12 @@ def cpu_ext():
             warnings.warn(f"wf_nb: the CPU kernels are off, {_STATE['why']}; packed models decode with torch's int8 path")
     return _STATE[final]
 
-# %% ../nbs/02b_cpu_kernels.ipynb #85e3f50c
+# %% ../nbs/02b_cpu_kernels.ipynb #526c78ec
 def cpu_ext_reason() -> str | None:
     "Why `cpu_ext()` is None (None when it is not)."
     return _why_not() or (_STATE.get('why') if _STATE.get(_ext_dir(), 0) is None else None)
 
-# %% ../nbs/02b_cpu_kernels.ipynb #b09fa852
+# %% ../nbs/02b_cpu_kernels.ipynb #4c13acab
 _SUM_OK = {}
 
 def sum_matches_torch(ext) -> bool:
@@ -465,7 +507,7 @@ def sum_matches_torch(ext) -> bool:
         _SUM_OK['ok'] = all(ext.row_sum(x) == torch.sum(x).item() for x in xs)
     return _SUM_OK['ok']
 
-# %% ../nbs/02b_cpu_kernels.ipynb #553263b8
+# %% ../nbs/02b_cpu_kernels.ipynb #317ec4fa
 def pack_ternary2(w: torch.Tensor) -> torch.Tensor:
     "`[N, K]` int8 in {-1, 0, 1} -> `[N, Kp/4]` uint8 in `tern_linear`'s layout (Kp = K rounded up to 64)."
     N, K = w.shape
@@ -478,7 +520,7 @@ def pack_ternary2(w: torch.Tensor) -> torch.Tensor:
         return (t[:, :, 0] | (t[:, :, 1] << 2) | (t[:, :, 2] << 4) | (t[:, :, 3] << 6)).reshape(N, -1)
     return torch.cat([four(c[:, :nb * 256], 64), four(c[:, nb * 256:], 16)], 1).contiguous()
 
-# %% ../nbs/02b_cpu_kernels.ipynb #b024e62e
+# %% ../nbs/02b_cpu_kernels.ipynb #d81cae7b
 def ternary2_unpack(p: torch.Tensor, K: int) -> torch.Tensor:
     "`pack_ternary2`'s inverse: `[N, Kp/4]` uint8 -> `[N, K]` int8."
     N, Kp = p.shape[0], p.shape[1] * 4

@@ -11,7 +11,7 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 from .errors import WFError
 from .kernels import PackedBitLinear, act_codes
-from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch
+from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch, q8_head
 from .quant import BitLinear, unpack_ternary
 from .io import atomic_dir, atomic_file, check_output, mark_output, OutputError
 
@@ -299,6 +299,8 @@ class FastDecoder:
                        [L[k].w for k in ('qkv', 'o', 'gu', 'down')], [L[k].s for k in ('qkv', 'o', 'gu', 'down')])
         self.scale, self.cache_len = model.model.layers[0].self_attn.scaling, 0
         self.head = _fp16_head(model.lm_head) if self.dtype == torch.float32 else None
+        q8 = os.environ.get('WF_NB_HEAD') == 'q8' and ext is not None and model.lm_head.bias is None
+        self.head8 = q8_head(model.lm_head.weight) if q8 else None   # opt-in int8 lm_head: not exact (README)
 
 # %% ../nbs/03a_export.ipynb #f896efd1
 @patch
@@ -352,6 +354,7 @@ def forward(self: FastDecoder, ids: torch.Tensor, pos: int) -> torch.Tensor:
             self.ext.decode_layer(h, *L['fz'], self.k[i], self.v[i], self.cos, self.sin, pos, self.H, self.KV, self.eps, self.scale)
     else: h = self._layers(h, pos)
     x = self.model.model.norm(h[-1:])
+    if self.head8 is not None: return self.ext.head_q8(x.float().contiguous(), *self.head8)[0]   # `WF_NB_HEAD=q8`
     return (self.model.lm_head(x) if self.head is None else torch.ops.quantized.linear_dynamic_fp16(x, self.head))[0]
 
 
