@@ -224,6 +224,7 @@ def test_unknown_run(same, cmd):
 def test_smoke_steps_zero(same): same('smoke', '--steps', '0', code=2, has='--steps')
 def test_generate_empty_prompt(same): same('generate', same.s1.name, '--prompt', '', code=2, has='--prompt is empty')
 def test_generate_unknown_run(same): same('generate', 'no-such-run', '--prompt', 'x', code=2, has='no run')
+def test_generate_head_needs_packed(same): same('generate', same.s1.name, '--prompt', 'x', '--head', 'q8', code=2, has='is not a packed export')
 
 def test_eval_bad_inputs(same, tmp_path):
     (tmp_path/'empty.jsonl').write_text('\n\n')

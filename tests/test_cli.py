@@ -140,6 +140,8 @@ def test_export_generate_eval(wf, tmp_path):
     r = wf('generate', tmp_path / 'packed', '--prompt', 'To be, or not', '--max-new-tokens', '5', env=ENV)
     assert r.stdout.strip(), r.stdout
     assert 'decode' in r.stderr and 'tokens/s (wf_nb fast path)' in r.stderr, r.stderr     # issue 32: speed, from the fast path
+    r8 = wf('generate', tmp_path / 'packed', '--prompt', 'To be, or not', '--max-new-tokens', '5', '--head', 'q8', env=ENV)
+    assert r8.stdout.strip() and 'tokens/s (wf_nb fast path)' in r8.stderr, r8.stderr   # the opt-in int8 head (not exact)
     r = wf('generate', tmp_path / 'packed', '--prompt', 'x', '--max-new-tokens', '100000', check=False, env=ENV)
     assert r.returncode == 2 and "past the model's context" in r.stderr and 'Traceback' not in r.stderr, r.stderr
     (tmp_path / 'heldout.txt').write_text('Now is the winter of our discontent made glorious summer. ' * 20)

@@ -515,7 +515,21 @@ def _args_generate(sub):
     "`wf generate`."
     g = sub.add_parser('generate', help='generate text from a checkpoint')
     g.add_argument('src', help='run id, run dir, checkpoint dir, or a model preset (its FP model)'); g.add_argument('--prompt', required=True); g.add_argument('--max-new-tokens', type=int, default=40)
+    g.add_argument('--head', choices=['exact', 'q8'], default='exact',
+                   help="a packed export's lm_head on the fast path: exact (default), or q8: int8, faster, not exact (README)")
     g.add_argument('--runs-dir', default=None)
+
+# %% ../nbs/11_cli.ipynb #bd8ac436
+def _generation_model(src, head: str):
+    "`(model, tokenizer)` for `wf generate`: `src` loaded, its fast path set to `head` (only a packed export has one)."
+    from wf_nb.evaluate import load_for_eval
+    from wf_nb.export import enable_fast_generate
+    model, tok = load_for_eval(src)
+    if head != 'exact' and not model.__dict__.get('_fast_ok'):
+        raise ValueError(f"--head {head}: {src} is not a packed export (the fast path runs those); "
+                         f"export it first (`wf export RUN --format wf-packed --out DIR`) or drop --head")
+    if model.__dict__.get('_fast_ok'): enable_fast_generate(model, head)
+    return model, tok
 
 # %% ../nbs/11_cli.ipynb #a8a1260a
 @_command('generate', _args_generate)
@@ -524,8 +538,9 @@ def _cmd_generate(a) -> int:
     from wf_nb.evaluate import generate
     if not a.prompt.strip(): raise ValueError("--prompt is empty; give the text to continue, e.g. --prompt 'To be, or not to be'")
     if a.max_new_tokens < 1: raise ValueError(f"--max-new-tokens {a.max_new_tokens}: give 1 or more")
-    st = {}
-    print(generate(resolve_model(a.src, a.runs_dir), prompt=a.prompt, max_new_tokens=a.max_new_tokens, stats=st))
+    st, src = {}, resolve_model(a.src, a.runs_dir)
+    model, tok = _generation_model(src, a.head)
+    print(generate(model, tok, prompt=a.prompt, max_new_tokens=a.max_new_tokens, stats=st))
     speed = (f"prefill {st['prefill_tokens_per_s']:.1f} tokens/s, decode {st['decode_tokens_per_s'] or 0:.1f} tokens/s (wf_nb fast path)"
              if st.get('fast') else f"{st['tokens_per_s']:.1f} tokens/s (transformers' generate)")
     print(f"[{st['prompt_tokens']} prompt tokens, {st['new_tokens']} new in {st['seconds']:.2f}s: {speed}]", file=sys.stderr); return 0

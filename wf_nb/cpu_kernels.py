@@ -289,11 +289,14 @@ torch::Tensor head_q8(torch::Tensor x, torch::Tensor w, torch::Tensor ws) {
 def q8_head(w: torch.Tensor) -> tuple:
     "`[N, K]` float weight -> (int8 `[N, Kp]`, float32 scales `[N, Kp/32]`) for `head_q8`: w ~ w8 * scale per block of 32."
     N, K = w.shape
-    wp = torch.zeros(N, -(-K // 64) * 64)
-    wp[:, :K] = w.detach().float()
-    b = wp.view(N, -1, 32)
-    scale = b.abs().amax(-1).clamp(min=1e-12) / 127
-    return (b / scale[..., None]).round().clamp(-127, 127).to(torch.int8).view(N, -1), scale.contiguous()
+    q, scale = torch.empty(N, -(-K // 64) * 64, dtype=torch.int8), torch.empty(N, -(-K // 64) * 2)
+    for i in range(0, N, 4096):   # a float32 copy of 4096 rows at a time, not of the whole matrix (peak memory)
+        wp = torch.zeros(min(N - i, 4096), q.shape[1])
+        wp[:, :K] = w[i:i + 4096].detach().float()
+        b = wp.view(wp.shape[0], -1, 32)
+        scale[i:i + 4096] = s = b.abs().amax(-1).clamp(min=1e-12) / 127
+        q[i:i + 4096] = (b / s[..., None]).round().clamp(-127, 127).to(torch.int8).view(wp.shape[0], -1)
+    return q, scale
 
 # %% ../nbs/02b_cpu_kernels.ipynb #244870f5
 _CPP_SUM = r'''

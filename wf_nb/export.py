@@ -11,15 +11,15 @@ from fastcore.basics import patch
 from safetensors.torch import save_file, load_file
 from .errors import WFError
 from .kernels import PackedBitLinear, act_codes
-from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch, q8_head
+from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch, q8_head, cpu_ext_reason
 from .quant import BitLinear, unpack_ternary
 from .io import atomic_dir, atomic_file, check_output, mark_output, OutputError
 
 # %% auto #0
-__all__ = ['SKIP', 'HF_QUANT_CONFIG', 'PACKED_JSON', 'DTYPES', 'FORMATS', 'GGUF_MARK', 'ExportError', 'quantized_linears',
-           'pack_model', 'bitnet_unexpressible', 'storage_dtype', 'group_readable', 'is_packed_dir', 'load_packed',
-           'fast_unsupported', 'FastDecoder', 'context_error', 'fast_generate', 'enable_fast_generate', 'size_report',
-           'format_size_report', 'export_model']
+__all__ = ['SKIP', 'HF_QUANT_CONFIG', 'PACKED_JSON', 'DTYPES', 'FAST_HEADS', 'FORMATS', 'GGUF_MARK', 'ExportError',
+           'quantized_linears', 'pack_model', 'bitnet_unexpressible', 'storage_dtype', 'group_readable',
+           'is_packed_dir', 'load_packed', 'fast_unsupported', 'FastDecoder', 'context_error', 'fast_generate',
+           'enable_fast_generate', 'size_report', 'format_size_report', 'export_model']
 
 # %% ../nbs/03a_export.ipynb #87c93af5
 class ExportError(WFError, ValueError):
@@ -176,7 +176,7 @@ def _read_state(p: Path) -> dict:
 
 # %% ../nbs/03a_export.ipynb #2b30e755
 def _model_from_config(p: Path, dtype=None) -> tuple:
-    "(model with throwaway weights, its config, the `quantization_config` dict, the dtype) from `p/config.json`."
+    "(model with its parameters on the meta device, its config, the `quantization_config` dict, the dtype) from `p/config.json`."
     from transformers import AutoConfig, AutoModelForCausalLM
     cfgd = json.loads((p / 'config.json').read_text())
     qc = cfgd.pop('quantization_config', None) or {}
@@ -187,9 +187,19 @@ def _model_from_config(p: Path, dtype=None) -> tuple:
     except ValueError as e:
         raise ExportError(f"{p}: model_type {mt!r} is unknown to transformers and wf_nb ({e})") from e
     dt = dtype or getattr(torch, str(cfgd.get('dtype') or cfgd.get('torch_dtype') or 'float32').replace('torch.', ''))
-    with torch.random.fork_rng(devices=[]):   # the throwaway init must not move the caller's RNG
+    from accelerate import init_empty_weights
+    with torch.random.fork_rng(devices=[]), init_empty_weights(include_buffers=False):   # buffers (RoPE) are computed as usual
         model = AutoModelForCausalLM.from_config(config, dtype=dt)
     return model, config, qc, dt
+
+# %% ../nbs/03a_export.ipynb #a321c465
+def _materialize(model: nn.Module) -> nn.Module:
+    "Every parameter still on the meta device -> empty CPU storage of its shape and dtype (filled by the state dict next)."
+    for mod in model.modules():
+        for n, prm in list(mod.named_parameters(recurse=False)):
+            if prm.is_meta: mod.register_parameter(n, nn.Parameter(torch.empty_like(prm, device='cpu'), prm.requires_grad))
+    return model
+
 
 # %% ../nbs/03a_export.ipynb #0a4a0b73
 def _hf_bitnet_specs(model, config, qc: dict) -> tuple[dict, list]:
@@ -202,8 +212,8 @@ def _hf_bitnet_specs(model, config, qc: dict) -> tuple[dict, list]:
     return specs, tied
 
 # %% ../nbs/03a_export.ipynb #44f9a1c5
-def load_packed(path, dtype=None, fast: bool = True) -> nn.Module:
-    "A packed checkpoint directory -> the model with `PackedBitLinear` layers (eval mode, CPU); `fast`: `generate` through `FastDecoder`."
+def load_packed(path, dtype=None, fast: bool = True, head: str = 'exact') -> nn.Module:
+    "A packed checkpoint directory -> the model with `PackedBitLinear` layers (eval mode, CPU); `fast`: `generate` through `FastDecoder` (its lm_head: `head`)."
     p = Path(path)
     if not is_packed_dir(p):
         raise ExportError(f"{p} is not a packed checkpoint (no {PACKED_JSON}, no offline bitnet quantization_config): "
@@ -213,6 +223,7 @@ def load_packed(path, dtype=None, fast: bool = True) -> nn.Module:
     if meta is not None: specs, tied = meta['modules'], meta.get('tied', [])
     else: specs, tied = _hf_bitnet_specs(model, config, qc)
     for n, s in specs.items(): model.set_submodule(n, PackedBitLinear(dtype=dt, **s))
+    _materialize(model)   # what stays dense; a parameter the checkpoint lacks (and is not tied) is refused below
     sd = _read_state(p)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if k not in tied]
@@ -220,7 +231,7 @@ def load_packed(path, dtype=None, fast: bool = True) -> nn.Module:
         raise ExportError(f"{p}: checkpoint does not match the rebuilt model: missing {missing[:5]}, "
                           f"unexpected {unexpected[:5]}")
     if tied: model.tie_weights()
-    if fast: enable_fast_generate(model)
+    if fast: enable_fast_generate(model, head)
     return model.eval()
 
 # %% ../nbs/03a_export.ipynb #fa5a0002
@@ -276,11 +287,23 @@ def fast_unsupported(model) -> str | None:
             if m.haar or m.rms_norm is not None: return "its packed layers carry Haar transforms or their own input norms"
     return None
 
+# %% ../nbs/03a_export.ipynb #e85a4389
+FAST_HEADS = ('exact', 'q8')   # the decoder's lm_head: exact (the model's own numbers), or int8 (faster, not exact)
+
+def _head_unsupported(model, head: str) -> str | None:
+    "Why `FastDecoder` cannot run `model`'s lm_head as `head` (None if it can)."
+    if head not in FAST_HEADS: return f"head={head!r}: choose one of {', '.join(FAST_HEADS)}"
+    if head == 'exact': return None
+    if getattr(model.lm_head, 'bias', None) is not None: return f"head={head!r} needs an lm_head without bias; use head='exact'"
+    if cpu_ext() is None: return f"head={head!r} needs wf_nb's CPU kernels ({cpu_ext_reason()}); use head='exact'"
+    return None
+
+
 # %% ../nbs/03a_export.ipynb #fa5a0003
 class FastDecoder:
     "Generation for a packed BitNet model without transformers' per-token machinery: fused q/k/v and gate/up int8 GEMMs, a static KV cache."
-    def __init__(self, model):
-        why = fast_unsupported(model)
+    def __init__(self, model, head: str = 'exact'):
+        why = fast_unsupported(model) or _head_unsupported(model, head)
         if why: raise ExportError(f"FastDecoder: cannot run this model ({why})")
         self.model, cfg = model, model.config
         self.dtype = model.model.embed_tokens.weight.dtype
@@ -299,8 +322,8 @@ class FastDecoder:
                        [L[k].w for k in ('qkv', 'o', 'gu', 'down')], [L[k].s for k in ('qkv', 'o', 'gu', 'down')])
         self.scale, self.cache_len = model.model.layers[0].self_attn.scaling, 0
         self.head = _fp16_head(model.lm_head) if self.dtype == torch.float32 else None
-        q8 = os.environ.get('WF_NB_HEAD') == 'q8' and ext is not None and model.lm_head.bias is None
-        self.head8 = q8_head(model.lm_head.weight) if q8 else None   # opt-in int8 lm_head: not exact (README)
+        self.head_kind = head   # 'q8': the opt-in int8 lm_head, not exact (README)
+        self.head8 = q8_head(model.lm_head.weight) if head == 'q8' else None
 
 # %% ../nbs/03a_export.ipynb #f896efd1
 @patch
@@ -354,7 +377,7 @@ def forward(self: FastDecoder, ids: torch.Tensor, pos: int) -> torch.Tensor:
             self.ext.decode_layer(h, *L['fz'], self.k[i], self.v[i], self.cos, self.sin, pos, self.H, self.KV, self.eps, self.scale)
     else: h = self._layers(h, pos)
     x = self.model.model.norm(h[-1:])
-    if self.head8 is not None: return self.ext.head_q8(x.float().contiguous(), *self.head8)[0]   # `WF_NB_HEAD=q8`
+    if self.head8 is not None: return self.ext.head_q8(x.float().contiguous(), *self.head8)[0]   # head='q8'
     return (self.model.lm_head(x) if self.head is None else torch.ops.quantized.linear_dynamic_fp16(x, self.head))[0]
 
 
@@ -373,7 +396,8 @@ _FAST_KW = {'attention_mask', 'max_new_tokens', 'min_new_tokens', 'do_sample', '
 @torch.inference_mode()
 def fast_generate(model, input_ids: torch.Tensor, max_new_tokens: int = 20, min_new_tokens: int = 0, eos_token_id=None):
     "Greedy generation with `FastDecoder` (built on first use; it copies the weights: rebuild it, `del model._fast_decoder`, after changing them)."
-    dec = model.__dict__.get('_fast_decoder') or model.__dict__.setdefault('_fast_decoder', FastDecoder(model))
+    dec, head = model.__dict__.get('_fast_decoder'), model.__dict__.get('_fast_head', 'exact')
+    if dec is None or dec.head_kind != head: dec = model.__dict__['_fast_decoder'] = FastDecoder(model, head)
     T = input_ids.shape[1]
     why = context_error(model, T, max_new_tokens)
     if why: raise ValueError(f"generate: {why}")
@@ -406,9 +430,11 @@ def _fast_or_hf(model, hf_generate, inputs=None, **kw):
                              kw.get('eos_token_id'))
     return hf_generate(ids, **kw) if ids is not None else hf_generate(**kw)
 
-def enable_fast_generate(model) -> bool:
-    "Route `model.generate` through `_fast_or_hf` when `FastDecoder` can run `model`; returns whether it can."
-    model._fast_ok = fast_unsupported(model) is None
+def enable_fast_generate(model, head: str = 'exact') -> bool:
+    "Route `model.generate` through `_fast_or_hf` when `FastDecoder` can run `model`; returns whether it can. `head`: `FAST_HEADS`."
+    why = _head_unsupported(model, head)
+    if why: raise ExportError(f"fast generation: {why}")
+    model._fast_ok, model._fast_head = fast_unsupported(model) is None, head
     if model._fast_ok: model.generate = functools.partial(_fast_or_hf, model, type(model).generate.__get__(model))
     return model._fast_ok
 

@@ -8,7 +8,7 @@ fast TQ2_0 + Q8_0 one; Q2_0 unpadded; `--grid`: every ternary type x embedding q
 F16 / Q8_0 / Q4_0 GGUFs written by `wf_nb.gguf_export.write_fp_gguf`. `--grid` also adds wf_nb rows whose embedding went
 through each GGUF embedding type and back: their perplexity is what llama.cpp should give on the same file.
 wf_nb rows: the default (`wf_nb.cpu_kernels`: 2-bit products, one C++ call a layer per token) and torch's int8 path
-(`WF_NB_NO_CPU_EXT=1`), and the opt-in int8 lm_head (`WF_NB_HEAD=q8`); their perplexity is the decode path's (FastDecoder fed one token at a time), and with
+(`WF_NB_NO_CPU_EXT=1`), and the opt-in int8 lm_head (`wf_nb.load(dir, head='q8')`); their perplexity is the decode path's (FastDecoder fed one token at a time), and with
 --rounds > 1 each wf_nb row's decode speed is also given as a ratio to each llama.cpp row, per round (then the median).
 Every row runs in its own process (its own peak RSS); greedy decoding of --new tokens after a --prompt-token prompt;
 speeds are the median (or `--stat best`) of --repeat runs.
@@ -99,7 +99,6 @@ def timed_generate(model, x, new, fast):
 def torch_row(kind, path, threads, ids, prompt, new):
     "Prefill/decode tokens/s and perplexity of a transformers-style model (runs in this process)."
     if kind == 'wf_nb-noext': os.environ['WF_NB_NO_CPU_EXT'] = '1'   # before wf_nb is imported: torch's int8 path
-    if kind == 'wf_nb-q8': os.environ['WF_NB_HEAD'] = 'q8'           # the opt-in int8 lm_head (not exact)
     import torch
     torch.set_num_threads(threads)
     if kind.startswith('fp'):
@@ -107,7 +106,7 @@ def torch_row(kind, path, threads, ids, prompt, new):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if kind == 'fp-bf16' else torch.float32).eval()
     elif kind.startswith('wf_nb'):
         import wf_nb
-        model = wf_nb.load(path).eval()
+        model = wf_nb.load(path, head='q8' if kind == 'wf_nb-q8' else 'exact').eval()   # q8: the opt-in int8 lm_head (not exact)
         if ':' in kind: model = model.float(); round_embedding(model, kind.split(':')[1])   # fp32: no bf16 rounding on top
     else:
         from transformers import AutoModelForCausalLM
@@ -160,7 +159,7 @@ ROWS = [  # (row label, runtime, key of the file it reads, how)
     ('FP SmolLM2, fp32', 'transformers', 'fp', 'fp-fp32'), ('FP SmolLM2, bf16', 'transformers', 'fp', 'fp-bf16'),
     ('ternary student, wf-packed (bf16)', 'wf_nb', 'wf-packed', 'wf_nb'),
     ('ternary student, wf-packed (bf16), torch int8 path (WF_NB_NO_CPU_EXT=1)', 'wf_nb', 'wf-packed', 'wf_nb-noext'),
-    ('ternary student, wf-packed (bf16), int8 lm_head (WF_NB_HEAD=q8)', 'wf_nb', 'wf-packed', 'wf_nb-q8'),
+    ('ternary student, wf-packed (bf16), int8 lm_head (head='q8')', 'wf_nb', 'wf-packed', 'wf_nb-q8'),
     ('ternary student, hf-bitnet (bf16)', 'transformers', 'hf-bitnet', 'hf'),
     ('ternary student GGUF, default: TQ1_0 (padded 768) + Q5_0 emb.', 'llama.cpp', 'gguf-auto-q5_0', 'llama'),
     ('ternary student GGUF, TQ2_0 (padded 768) + Q8_0 emb.', 'llama.cpp', 'gguf-tq2_0-q8_0', 'llama'),
