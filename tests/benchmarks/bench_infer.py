@@ -159,7 +159,7 @@ ROWS = [  # (row label, runtime, key of the file it reads, how)
     ('FP SmolLM2, fp32', 'transformers', 'fp', 'fp-fp32'), ('FP SmolLM2, bf16', 'transformers', 'fp', 'fp-bf16'),
     ('ternary student, wf-packed (bf16)', 'wf_nb', 'wf-packed', 'wf_nb'),
     ('ternary student, wf-packed (bf16), torch int8 path (WF_NB_NO_CPU_EXT=1)', 'wf_nb', 'wf-packed', 'wf_nb-noext'),
-    ('ternary student, wf-packed (bf16), int8 lm_head (head='q8')', 'wf_nb', 'wf-packed', 'wf_nb-q8'),
+    ('ternary student, wf-packed (bf16), int8 lm_head (head=q8)', 'wf_nb', 'wf-packed', 'wf_nb-q8'),
     ('ternary student, hf-bitnet (bf16)', 'transformers', 'hf-bitnet', 'hf'),
     ('ternary student GGUF, default: TQ1_0 (padded 768) + Q5_0 emb.', 'llama.cpp', 'gguf-auto-q5_0', 'llama'),
     ('ternary student GGUF, TQ2_0 (padded 768) + Q8_0 emb.', 'llama.cpp', 'gguf-tq2_0-q8_0', 'llama'),
