@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse, json, os, statistics as st, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
-from exp_stage3_genre import sh, find, output_of, metric_rows   # the genre protocol's helpers
+from exp_stage3_genre import sh, find, output_of, metric_rows, pin_commit   # the genre protocol's helpers
 
 MODEL, TASK = 'smollm2_135m', 'shakespeare_genre'
 
@@ -73,6 +73,7 @@ def main(argv=None):
     ap.add_argument('--json', default=None)
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama: a quick smoke test of this script)')
     a = ap.parse_args(argv)
+    pin_commit(a.runs_dir)   # an interrupted arm resumes after later commits
     MODEL, TASK = a.model, a.task
     log = lambda *x: print(*x, flush=True)
     import torch

@@ -69,6 +69,19 @@ def _malloc_trim():
     import ctypes
     ctypes.CDLL('libc.so.6').malloc_trim(0)
 
+M_TRIM_THRESHOLD = -1   # glibc's mallopt parameter number (malloc.h)
+
+def set_trim_threshold(mib: float) -> bool:
+    "glibc: give the heap's free top back to the OS once it exceeds `mib` MiB (like setting any mallopt, this fixes the dynamic mmap threshold)."
+    import ctypes
+    return ctypes.CDLL('libc.so.6').mallopt(M_TRIM_THRESHOLD, int(mib * 2**20)) == 1
+
+def trim_after_blocks(model) -> int:
+    "An experiment: glibc's malloc_trim(0) after every decoder layer's forward (checkpointed: also its recompute)."
+    layers = [m for n, m in model.named_modules() if n.endswith(tuple(f'layers.{i}' for i in range(1000)))]
+    for m in layers: m.register_forward_hook(lambda *_: _malloc_trim())
+    return len(layers)
+
 def probe(steps: int, out: dict, profile: bool = False, trim: bool = False):
     "A Trainer callback: each step's time, and after the last step the training peak RSS (before the final checkpoint)."
     from wf_nb.callbacks import Callback
@@ -133,6 +146,8 @@ def main(argv=None):
     ap.add_argument('--kd-delta', action='store_true', help='measure the KD targets\' change under a bf16 teacher instead')
     ap.add_argument('--profile', action='store_true', help='profile the last step: live tensor bytes at its peak, by category')
     ap.add_argument('--trim', action='store_true', help="glibc's malloc_trim(0) after every step (an experiment)")
+    ap.add_argument('--trim-blocks', action='store_true', help="glibc's malloc_trim(0) after every decoder layer's forward (an experiment)")
+    ap.add_argument('--trim-threshold-mb', type=float, default=0, help="glibc's M_TRIM_THRESHOLD in MiB (0: glibc's default; an experiment)")
     ap.add_argument('--mmap-threshold-mb', type=int, default=0, help='peft.mmap_threshold_mb (adapter arms; wf_nb.lora.compact_heap)')
     a = ap.parse_args(argv)
     if a.kd_delta: return kd_delta(a)
@@ -148,7 +163,10 @@ def main(argv=None):
     cfg = get_config([*peft, f'training.precision={a.precision}', f'training.max_steps={a.steps}', f'training.batch_size={a.batch_size}',
                       f'data.seq_len={a.seq_len}', 'training.save_interval=100000', 'logging.progress=false',
                       'logging.wandb_mode=disabled', 'training.lr=1e-4'], stage='3', model='smollm2_135m')
-    out = dict(arm=a.arm, precision=a.precision, teacher_dtype=a.teacher_dtype, rss_start_mb=rss_mb())
+    import os
+    out = dict(arm=a.arm, precision=a.precision, teacher_dtype=a.teacher_dtype, rss_start_mb=rss_mb(), trim=a.trim,
+               trim_blocks=a.trim_blocks, malloc_env={k: v for k, v in os.environ.items() if k.startswith(('MALLOC_', 'GLIBC_TUNABLES'))})
+    if a.trim_threshold_mb: out['trim_threshold_mb'] = a.trim_threshold_mb if set_trim_threshold(a.trim_threshold_mb) else 0
     fp = load_fp_model(cfg.model)
     model = convert(fp, cfg.quant).train(); del fp
     if a.arm != 'full':
@@ -156,6 +174,7 @@ def main(argv=None):
         out['mmap_threshold_mb'] = a.mmap_threshold_mb if compact_heap(cfg.peft.mmap_threshold_mb) else 0   # as the stage does
         out['share'] = trainable_share(model)
         out['checkpointing'] = bool(getattr(model, 'is_activation_checkpointing', False) or getattr(model, 'is_gradient_checkpointing', False))
+    if a.trim_blocks: out['trim_blocks'] = trim_after_blocks(model)
     out['rss_student_mb'] = rss_mb()
     teacher = _teacher(cfg, 'smollm2_135m')   # the stage's loader of a frozen FP teacher
     if a.teacher_dtype == 'bf16': teacher = teacher.to(torch.bfloat16)

@@ -381,6 +381,8 @@ def main():
     ap.add_argument('--add-mc', action='store_true', help='add multiple choice to the finished arms in --out, print the tables and exit')
     ap.add_argument('--model', action='append', default=[], metavar='ARM=PATH', help='with --add-mc: where an arm\'s trained model was saved')
     a = ap.parse_args()
+    from exp_stage3_genre import pin_commit
+    pin_commit(a.out)   # wf runs resume by fingerprint, which hashes the commit: pinned to this experiment's first
     if a.grad_scale: return grad_scale()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     if a.table: return print_tables(out)

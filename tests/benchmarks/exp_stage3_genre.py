@@ -31,6 +31,19 @@ def sh(args, log):
     return dt
 
 
+def pin_commit(folder) -> str:
+    """Pin the commit that run fingerprints hash (`$WF_NB_COMMIT`) to the one this experiment started at (kept in
+    `folder/.wf_nb_commit`), so that an interrupted run resumes after later commits instead of starting over; the runs'
+    metadata then records that commit. An explicit `$WF_NB_COMMIT` wins."""
+    f = Path(folder) / '.wf_nb_commit'
+    if not os.environ.get('WF_NB_COMMIT'):
+        if not f.exists():
+            from wf_nb.config import git_info
+            f.parent.mkdir(parents=True, exist_ok=True); f.write_text(git_info()['commit'] or 'unknown')
+        os.environ['WF_NB_COMMIT'] = f.read_text().strip()
+    return os.environ['WF_NB_COMMIT']
+
+
 def find(runs_dir, stage, status='COMPLETED', **match):
     from wf_nb.registry import find_runs
     runs = find_runs(runs_dir, status=status, stage=stage, **{'model.name': MODEL, **match})
@@ -160,6 +173,7 @@ def main(argv=None):
                     help='also fit a linear probe on the frozen states of FP, Stage 1 and --start (N training passages per genre)')
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama for a quick smoke test of this script)')
     a = ap.parse_args(argv)
+    pin_commit(a.runs_dir)
     MODEL = a.model
     t_start = time.time()
     log = lambda *x: print(*x, flush=True)
