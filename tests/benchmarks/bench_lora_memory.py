@@ -1,18 +1,27 @@
 """Peak training memory and s/step of Stage 3 (BitDistill) on SmolLM2-135M, full vs LoRA (issue 37), one arm per process
 (peak RSS is per process): the library's Trainer running `wf_nb.stages.stage3_step` (logits KD + Q/K/V relation from the
 FP teacher the stage loads, AdamW, gradient clipping, the stage's callbacks) on random 8 x 128 batches scored on their
-last 2 positions (the genre task's answer + EOS; --scored 0: every position), fp32 on CPU, glibc's default allocator.
+last 2 positions (the genre task's answer + EOS; --scored 0: every position), fp32 on CPU (`--precision bf16`: bf16 autocast), glibc's default allocator.
 It separates what the peak is made of: RSS after the student, after the teacher, the peak while loading/converting,
 and the peak over the training steps (reset when training starts, read after the last step, before the Trainer's final
 checkpoint), with the bytes of the state that lives through a step (parameters, buffers, gradients, AdamW moments).
 
     for arm in full lora-nockpt lora; do OMP_NUM_THREADS=1 python tests/benchmarks/bench_lora_memory.py --arm $arm --steps 3; done
 
+Allocator experiments (adapter arms; issue 37's search for a default, table in nbs/06f_lora.ipynb): `--mmap-threshold-mb N`
+(the config's `peft.mmap_threshold_mb`), `--trim-threshold-mb N` (glibc's M_TRIM_THRESHOLD), `--trim` (malloc_trim(0)
+after every step), `--trim-blocks` (after every decoder layer's forward), and glibc's environment (`MALLOC_ARENA_MAX=1`),
+recorded in the output. Step times of different processes compare only as ratios of runs interleaved in one script:
+`--sweep ROUNDS` runs every setting of `SWEEP` once per round (one process each, the order rotated between rounds) and
+prints the medians, peaks against the full arm's and s/step against the default adapter run's of the same round:
+
+    OMP_NUM_THREADS=1 python tests/benchmarks/bench_lora_memory.py --sweep 3 --steps 6 --precision bf16
+
 `--kd-delta` instead measures how far a bf16 teacher moves the KD targets (the teacher's log-probs at T = 1 and 5 on
 the scored positions of one batch) against the fp32 teacher.
 """
 from __future__ import annotations
-import argparse, json, resource, tempfile, time
+import argparse, json, resource, sys, tempfile, time
 import torch
 
 
@@ -134,6 +143,34 @@ def kd_delta(a):
     print(json.dumps(out))
 
 
+SWEEP = {'full': '--arm full', 'lora': '--arm lora', 'lora mmap 1 MiB': '--arm lora --mmap-threshold-mb 1',
+         'lora mmap 4 MiB': '--arm lora --mmap-threshold-mb 4', 'lora mmap 16 MiB': '--arm lora --mmap-threshold-mb 16',
+         'lora mmap 64 MiB': '--arm lora --mmap-threshold-mb 64', 'lora trim threshold 1 MiB': '--arm lora --trim-threshold-mb 1',
+         'lora trim threshold 64 MiB': '--arm lora --trim-threshold-mb 64', 'lora malloc_trim each step': '--arm lora --trim',
+         'lora malloc_trim each layer': '--arm lora --trim-blocks', 'lora MALLOC_ARENA_MAX=1': 'MALLOC_ARENA_MAX=1 --arm lora'}
+
+def sweep(a, argv):
+    "Every setting of SWEEP once per round, one process each, rotated; medians: peak RSS vs full, s/step vs lora (same round)."
+    import os, statistics, subprocess, sys
+    rest = [x for x in argv if x not in ('--sweep', str(a.sweep))]
+    res = {k: [] for k in SWEEP}
+    for r in range(a.sweep):
+        for i in range(len(SWEEP)):
+            k = list(SWEEP)[(i + 3 * r) % len(SWEEP)]
+            env = dict(os.environ, **dict(x.split('=') for x in SWEEP[k].split() if '=' in x))
+            args = [x for x in SWEEP[k].split() if '=' not in x]
+            p = subprocess.run([sys.executable, __file__, *args, *rest], env=env, capture_output=True, text=True)
+            res[k].append(json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None)
+            print(k, r, res[k][-1] and res[k][-1]['train_peak_mb'], file=sys.stderr)
+    med = statistics.median
+    full = med(x['train_peak_mb'] for x in res['full'] if x)
+    print('| setting | peak RSS (MiB) | vs full | s/step vs lora |\n|---|---|---|---|')
+    for k, xs in res.items():
+        ok = [(x, y) for x, y in zip(xs, res['lora']) if x and y]
+        print(f"| {k} | {med(x['train_peak_mb'] for x, _ in ok):.0f} | {med(x['train_peak_mb'] for x, _ in ok) / full:.2f}x | "
+              f"{med(x['s_per_step'] / y['s_per_step'] for x, y in ok):.2f}x |" if ok else f'| {k} | failed | | |')
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--arm', choices=['full', 'lora', 'lora-nockpt'], default='full')
@@ -149,7 +186,9 @@ def main(argv=None):
     ap.add_argument('--trim-blocks', action='store_true', help="glibc's malloc_trim(0) after every decoder layer's forward (an experiment)")
     ap.add_argument('--trim-threshold-mb', type=float, default=0, help="glibc's M_TRIM_THRESHOLD in MiB (0: glibc's default; an experiment)")
     ap.add_argument('--mmap-threshold-mb', type=int, default=0, help='peft.mmap_threshold_mb (adapter arms; wf_nb.lora.compact_heap)')
+    ap.add_argument('--sweep', type=int, default=0, help='ROUNDS: every setting of SWEEP once per round, interleaved, and the table')
     a = ap.parse_args(argv)
+    if a.sweep: return sweep(a, sys.argv[1:] if argv is None else argv)
     if a.kd_delta: return kd_delta(a)
     from wf_nb.config import get_config
     from wf_nb.assets import load_fp_model
