@@ -6,6 +6,7 @@ Every arm is a `wf train` run (the user-facing command) in one runs dir, on the 
   (b) FP-SFT teacher          wf train -s sft data.task=shakespeare_genre
   (c) direct ternary SFT      wf train -s sft training.checkpoint_path=STAGE1
   (d) full BitDistill         wf train -s 3 training.checkpoint_path=START distill.teacher=(b)
+  (e) ternary SFT from START   wf train -s sft training.checkpoint_path=START   (no teacher: separates the start from the method)
   (f) LoRA BitDistill         wf train -s 3 training.checkpoint_path=START distill.teacher=(b) peft.method=lora peft.r=8 peft.alpha=16
   (f') (f) merged into the base and re-quantized to ternary (wf_nb.lora.merge_requantize), evaluated the same way
 
@@ -63,7 +64,8 @@ def main(argv=None):
     ap.add_argument('--seeds', type=int, nargs='+', default=[0])
     ap.add_argument('--start', default=None, help='Stages 1.9 + 2 output: the start of (d) and (f) (default: Stage 1)')
     ap.add_argument('--stage1', default=None, help='Stage 1 output: the start of (c) (default: a Stage-1 run in --runs-dir)')
-    ap.add_argument('--arms', default='cdf', help='which of c, d, f to train (b, the teacher, always)')
+    ap.add_argument('--arms', default='cdf', help='which of c, d, e, f to train (b, the teacher, always)')
+    ap.add_argument('--gamma', type=float, default=None, help="distill.gamma_attn of (d) and (f) (default: the config's, BitDistill's 1e5)")
     ap.add_argument('--task', default=TASK, help='data.task of every arm: shakespeare_genre, shakespeare_next_line '
                     '(multiple choice, its 600-item test split) or a JSONL task with a .test sibling')
     ap.add_argument('--n-test-per-genre', type=int, default=0, help='balanced test subsample (0: the whole test split)')
@@ -112,8 +114,13 @@ def main(argv=None):
             rc = run_arm(a, '(c)', 'sft', [sd, f'training.lr={a.lr}', f'training.checkpoint_path={s1}'],
                          {'training.lr': a.lr, 'training.checkpoint_path': str(s1), 'peft.method': '', **sk}, log)
             evaluate('(c) direct ternary SFT (full)', seed, lambda: wf_nb.load(output_of(rc)), train_stats(rc))
-        common3 = [sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}']
-        m3 = {'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), **sk}
+        if 'e' in a.arms:
+            re_ = run_arm(a, '(e)', 'sft', [sd, f'training.lr={a.lr}', f'training.checkpoint_path={start}'],
+                          {'training.lr': a.lr, 'training.checkpoint_path': str(start), 'peft.method': '', **sk}, log)
+            evaluate('(e) ternary SFT from START (full, no teacher)', seed, lambda: wf_nb.load(output_of(re_)), train_stats(re_))
+        gamma = get_config(model=MODEL, stage='3').distill.gamma_attn if a.gamma is None else a.gamma
+        common3 = [sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}', f'distill.gamma_attn={gamma}']
+        m3 = {'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), 'distill.gamma_attn': gamma, **sk}
         if 'd' in a.arms:
             rd = run_arm(a, '(d)', '3', [*common3, f'training.lr={a.lr}'], {**m3, 'training.lr': a.lr, 'peft.method': ''}, log)
             evaluate('(d) BitDistill (full)', seed, lambda: wf_nb.load(output_of(rd)), train_stats(rd))
@@ -157,7 +164,7 @@ def table(results, a) -> str:
     full = [r for r in results if r['arm'].startswith('(d)')]
     mem_d = st.mean(r['peak_mem_mb'] for r in full) if full else None
     out = [f"\n{MODEL} on {TASK}, {a.steps} steps x {a.batch_size} x {a.seq_len}, teacher {a.teacher_steps} steps, seeds {a.seeds}, "
-           f"test n = {results[0]['n'] if results else 0}\n",
+           f"test n = {results[0]['n'] if results else 0}, {a.precision}, gamma_attn {a.gamma or 'default (1e5)'}\n",
            '| arm | seeds | accuracy | calibrated | trainable share | peak train memory (MB) | vs full Stage 3 | s / step |', '|---|---|---|---|---|---|---|---|']
     for m in arms:
         rs = [r for r in results if r['arm'] == m]
