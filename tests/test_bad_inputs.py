@@ -72,11 +72,19 @@ CONFIG_CASES = [
     (['model=no_such_model'], 'no_such_model'), (['training.batch_size=0'], 'training.batch_size'),
     (['training.max_steps=abc'], 'not a valid int'), (['foo'], 'must look like group.key=value'), (['--frobnicate'], 'unrecognized'),
     (['-s', '7'], 'unknown stage'), (['quant.placement=sideways'], 'quant.placement'), (['data.fim_rate=2'], 'data.fim_rate'),
-    (['training.beta2=1'], 'training.beta2'),
+    (['training.beta2=1'], 'training.beta2'), (['training.allocator=bogus'], 'training.allocator'),
 ]
 @pytest.mark.parametrize('extra,has', CONFIG_CASES, ids=[c[0][-1] for c in CONFIG_CASES])
 def test_train_config_errors(same, extra, has):
     same('train', *TINY, *extra, code=2, has=has)
+
+def _installed(name):
+    from wf_nb.launch import allocator_library
+    return allocator_library(name) is not None
+
+@pytest.mark.skipif(_installed('jemalloc'), reason='jemalloc is installed on this machine')
+def test_train_allocator_not_installed(same):
+    same('train', *TINY, 'training.allocator=jemalloc', code=2, has=('training.allocator=jemalloc', 'apt-get install libjemalloc2'))
 
 def test_config_command_errors(same):
     same('config', '-m', 'tiny_llama', '--runs-dir', same.root/'x', 'model.num_heads=0', code=2, has='model.num_heads')

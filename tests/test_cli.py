@@ -35,6 +35,18 @@ def test_stage1_writes_stock_loadable_bitnet_checkpoint(wf, tmp_path):
     name, rel = r.stdout.split()[-2:]
     assert name == 'BitNetForCausalLM' and float(rel) < 1e-3, r.stdout + r.stderr
 
+def test_allocator_preloaded_and_recorded(wf, tmp_path):
+    "`wf train` re-runs itself with tcmalloc preloaded where it is installed (training.allocator=auto) and records what ran it."
+    from wf_nb.launch import allocator_library
+    wf('train', '-s', '1', *TINY, env=ENV)
+    run = only_run(tmp_path / 'runs', '1')
+    assert json.loads((run / 'metadata.json').read_text())['allocator'] == ('tcmalloc' if allocator_library('tcmalloc') else 'system')
+    wf('train', '-s', '1', *TINY, 'training.allocator=system', env=ENV)   # not in the fingerprint: the same run, already done
+    assert only_run(tmp_path / 'runs', '1') == run
+    wf('train', '-s', '1', *TINY, 'training.allocator=system', 'training.seed=1', env=ENV)
+    new = [p for p in (tmp_path / 'runs').iterdir() if p != run]
+    assert [json.loads((p / 'metadata.json').read_text())['allocator'] for p in new] == ['system']
+
 def test_rerun_resumes_or_refuses(wf, tmp_path):
     args = ['train', '-s', '2', *TINY, 'training.max_steps=4', 'training.save_interval=2']
     wf(*args, env=ENV)

@@ -138,11 +138,12 @@ def _message(e: BaseException) -> str:
 # %% ../nbs/11_cli.ipynb #7d53ad1f
 def main(argv=None) -> int:
     "Entry point of the `wf` console script; returns the exit code (`EXIT_CODES`)."
-    argv = list(sys.argv[1:] if argv is None else argv)
+    entry_point, argv = argv is None, list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv or os.environ.get('WF_NB_DEBUG', '') not in ('', '0')
     argv = [a for a in argv if a != '--debug']
     os.environ.setdefault('HF_HUB_DISABLE_PROGRESS_BARS', '1')   # transformers' per-load bars drown the run's own output
     args = _parse(argv)
+    args.entry_point = entry_point   # the `wf` process itself: it may re-run itself (the allocator, wf_nb.launch)
     cmd = args.cmd + (f" {args.data_cmd}" if args.cmd == 'data' else '')
     with _sigterm_unwinds():
         try: return _dispatch(args) or 0
@@ -224,7 +225,8 @@ def _cmd_train(a) -> int:
         from wf_nb.registry import copy_output   # --out on a finished run: hand over its output, nothing is retrained
         out = copy_output(done, a.out)
         print(f"wf train: run {done.id} already COMPLETED; copied its output to {out}", file=sys.stderr); return 0
-    from wf_nb.launch import maybe_relaunch, node_layout
+    from wf_nb.launch import maybe_relaunch, node_layout, maybe_preload_allocator
+    if getattr(a, 'entry_point', False): maybe_preload_allocator(cfg)   # training.allocator (does not return when it re-runs)
     nodes = node_layout(a.nnodes, a.node_rank, a.master_addr, a.master_port)
     if (rc := maybe_relaunch(cfg, a.argv, nodes=nodes)) is not None: return rc  # re-run under `accelerate launch`
     res = run_stage(cfg, runs_dir=a.runs_dir, out=a.out, skip_recovery=a.skip_recovery)
@@ -283,6 +285,9 @@ def _args_pipeline(sub):
 def _cmd_pipeline(a) -> int:
     "`wf pipeline`."
     from wf_nb.stages import run_pipeline
+    if getattr(a, 'entry_point', False):   # training.allocator, as `wf train`
+        from wf_nb.launch import maybe_preload_allocator
+        maybe_preload_allocator(get_config(list(a.overrides), model=a.model))
     res = run_pipeline(a.model, a.overrides, tokens=a.tokens, split=a.split, runs_dir=a.runs_dir, out=a.out)
     print(f"wf pipeline: {res['status']}; output {res.get('output')}")
     return _train_exit(res)   # a signal or the budget stops the pipeline as it stops `wf train`

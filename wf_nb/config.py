@@ -106,6 +106,7 @@ class TrainingConfig:
     cost_per_hour: float = 0.0
     budget: float = 0.0                 # stop cleanly once cumulative cost exceeds this (0 = no limit)
     checkpoint_uri: str = ''            # also keep checkpoints in object storage (s3://bucket/prefix, gs://..., file://...; wf_nb.remote)
+    allocator: str = 'auto'             # `wf train`'s memory allocator: auto (tcmalloc where installed) | system | tcmalloc | jemalloc (wf_nb.launch)
 
 # %% ../nbs/00a_config.ipynb #cea6d121
 @dataclass
@@ -346,6 +347,7 @@ def check_ranges(cfg, ranges=RANGES):
 CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.dtype': ('float32','bfloat16'),
            'data.tokenize': ('upfront','on_the_fly'), 'model.rope_extension': ('ntk','linear','none'), 'training.schedule': ('cosine','linear','wsd','constant'),
            'training.optimizer': ('adamw','muon','sgd'), 'training.precision': ('auto','fp32','bf16'),
+           'training.allocator': ('auto','system','tcmalloc','jemalloc'),
            'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'), 'quant.subln_init': ('calibrated','ones'),
            'distill.saliency_score': ('kl','teacher_ce'),
            'logging.wandb_mode': ('','online','offline','disabled'),
@@ -448,7 +450,7 @@ def load_yaml(path) -> WFConfig:
 FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_project', 'logging.progress', 'logging.full_report',
                       'logging.run_name', 'training.save_interval', 'training.keep_last', 'data.num_workers',
                       'data.pin_memory', 'data.prefetch_factor',
-                      'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus')   # where it is stored / what it runs on
+                      'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus', 'training.allocator')   # where it is stored / what it runs on
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

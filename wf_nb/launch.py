@@ -9,9 +9,10 @@ from pathlib import Path
 from .config import WFConfig, get_config
 
 # %% auto #0
-__all__ = ['SCALES', 'STRATEGIES', 'WF_COMMANDS', 'LAUNCH_ENV', 'num_processes', 'in_distributed_launch', 'world_info',
-           'check_world', 'accelerate_config', 'write_accelerate_config', 'wf_args', 'wf_entry', 'free_port',
-           'launch_command', 'torchrun_command', 'maybe_relaunch', 'node_layout']
+__all__ = ['SCALES', 'STRATEGIES', 'WF_COMMANDS', 'LAUNCH_ENV', 'ALLOCATORS', 'ALLOCATOR_INSTALL', 'num_processes',
+           'in_distributed_launch', 'world_info', 'check_world', 'accelerate_config', 'write_accelerate_config',
+           'wf_args', 'wf_entry', 'free_port', 'launch_command', 'torchrun_command', 'maybe_relaunch', 'node_layout',
+           'allocator_library', 'loaded_allocator', 'allocator_env', 'maybe_preload_allocator']
 
 # %% ../nbs/06e_launch.ipynb #a3784f90
 SCALES: dict[str, int] = {'single': 1, 'small': 2, 'medium': 4, 'large': 8}
@@ -165,3 +166,42 @@ def node_layout(nnodes=None, node_rank=None, master_addr=None, master_port=None,
                          f"(or NODE_RANK and MASTER_ADDR, as SkyPilot and SLURM scripts set them)")
     if not 0 <= int(rank) < n: raise ValueError(f"--node-rank {rank} is outside 0..{n - 1} for --nnodes {n}")
     return {'nnodes': n, 'node_rank': int(rank), 'master_addr': addr, 'master_port': int(master_port or env.get('MASTER_PORT') or 29500)}
+
+# %% ../nbs/06e_launch.ipynb #35861ff2
+ALLOCATORS = {'tcmalloc': ('tcmalloc_minimal', 'tcmalloc'), 'jemalloc': ('jemalloc',)}   # training.allocator -> library names (ld's -l)
+ALLOCATOR_INSTALL = {'tcmalloc': 'Debian/Ubuntu: apt-get install libtcmalloc-minimal4; Fedora: dnf install gperftools-libs; conda install gperftools',
+                     'jemalloc': 'Debian/Ubuntu: apt-get install libjemalloc2; Fedora: dnf install jemalloc; conda install jemalloc'}
+
+def allocator_library(name: str) -> str | None:
+    "The shared library of allocator `name` that the dynamic loader finds (a name `LD_PRELOAD` takes), else None."
+    import ctypes.util
+    return next((lib for n in ALLOCATORS[name] if (lib := ctypes.util.find_library(n))), None)
+
+def loaded_allocator(maps='/proc/self/maps') -> str | None:
+    "The allocator loaded into this process ('tcmalloc' or 'jemalloc'), else None (the C library's, or not Linux)."
+    try: text = Path(maps).read_text()
+    except OSError: return None
+    return next((k for k in ALLOCATORS if f'/lib{k}' in text), None)
+
+# %% ../nbs/06e_launch.ipynb #8c394f6e
+def allocator_env(choice: str, env=None, find=allocator_library) -> dict | None:
+    "The environment that preloads the allocator `choice` (training.allocator) for a re-run of this process, or None to stay as is."
+    env = dict(os.environ if env is None else env)
+    if choice == 'system' or not sys.platform.startswith('linux'): return None
+    if loaded_allocator() or env.get('WF_NB_ALLOCATOR'): return None   # preloaded already, or re-run once already
+    name = 'tcmalloc' if choice == 'auto' else choice
+    lib = find(name)
+    if lib is None:
+        if choice == 'auto': return None   # not installed: the system's allocator, as before
+        raise FileNotFoundError(f"training.allocator={choice}: lib{name} is not installed ({ALLOCATOR_INSTALL[name]}); "
+                                f"install it, or set training.allocator=auto")
+    env['LD_PRELOAD'] = ' '.join(x for x in (lib, env.get('LD_PRELOAD', '')) if x)
+    env['WF_NB_ALLOCATOR'] = name
+    env.setdefault('TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD', str(2**40))   # tcmalloc prints a line per allocation >= 1 GiB
+    return env
+
+# %% ../nbs/06e_launch.ipynb #457dc81c
+def maybe_preload_allocator(cfg: WFConfig, env=None, execve=os.execve) -> None:
+    "Re-run this process (same pid, arguments and environment) with `training.allocator`'s allocator preloaded; returns if none is needed."
+    new = allocator_env(cfg.training.allocator, env)
+    if new is not None: execve(sys.executable, sys.orig_argv, new)

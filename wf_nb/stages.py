@@ -348,7 +348,9 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
     plan = _plan(cfg, acc)
     out_dir = Path(out) if out else run.output
     if acc.is_main_process:
-        run.update(output=portable_path(out_dir, run.dir), gpus=cfg.distributed.gpus or None, gpu_hour_usd=plan.cost_per_hour * acc.num_processes or None)
+        from wf_nb.launch import loaded_allocator
+        run.update(output=portable_path(out_dir, run.dir), gpus=cfg.distributed.gpus or None, gpu_hour_usd=plan.cost_per_hour * acc.num_processes or None,
+                   allocator=loaded_allocator() or 'system')   # training.allocator: what this process got
         run.log(f"stage {cfg.stage} of {cfg.model.name}: run {run.id}" + (f", from {parent_path}" if parent_path else ''))
     try:
         res = spec.runner(cfg, run, acc, out_dir) if spec.runner else _train(spec, cfg, run, acc, parent_path, out_dir, callbacks, plan)

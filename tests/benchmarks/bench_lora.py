@@ -9,6 +9,8 @@ Every arm is a `wf train` run (the user-facing command) in one runs dir, on the 
   (e) ternary SFT from START   wf train -s sft training.checkpoint_path=START   (no teacher: separates the start from the method)
   (f) LoRA BitDistill         wf train -s 3 training.checkpoint_path=START distill.teacher=(b) peft.method=lora peft.r=8 peft.alpha=16
   (f') (f) merged into the base and re-quantized to ternary (wf_nb.lora.merge_requantize), evaluated the same way
+  (g) LoRA SFT from START     wf train -s sft training.checkpoint_path=START peft.method=lora ...   (the adapter without a teacher)
+  (z) START itself, zero-shot (no training: the floor every arm's gain is measured from)
 
     python tests/benchmarks/bench_lora.py --seeds 0 1 2 --steps 400 --teacher-steps 200 --start PIPELINE_OUT --stage1 STAGE1_OUT
     python tests/benchmarks/bench_lora.py --seeds 0 --steps 30 --n-test-per-genre 50 --runs-dir /tmp/lora_runs   # reduced
@@ -33,7 +35,7 @@ def run_arm(a, name, stage, ov, match, log):
     if run is None:
         sh(['train', '-m', MODEL, '-s', stage, '--runs-dir', a.runs_dir, f'data.task={TASK}', f'training.batch_size={a.batch_size}',
             f'data.seq_len={a.seq_len}', f'training.precision={a.precision}', 'logging.interval=1', 'logging.progress=false',
-            f'training.max_steps={key["training.max_steps"]}', f'training.save_interval={key["training.max_steps"]}', *ov], log)
+            f'training.max_steps={key["training.max_steps"]}', f'training.save_interval={min(100, key["training.max_steps"])}', *ov], log)
         run = find(a.runs_dir, stage, **key)
     else: log(f"[{name}] reusing completed run {run.id}")
     if run is None: raise SystemExit(f"{name}: no COMPLETED stage-{stage} run matches {key}")
@@ -64,7 +66,7 @@ def main(argv=None):
     ap.add_argument('--seeds', type=int, nargs='+', default=[0])
     ap.add_argument('--start', default=None, help='Stages 1.9 + 2 output: the start of (d) and (f) (default: Stage 1)')
     ap.add_argument('--stage1', default=None, help='Stage 1 output: the start of (c) (default: a Stage-1 run in --runs-dir)')
-    ap.add_argument('--arms', default='cdf', help='which of c, d, e, f to train (b, the teacher, always)')
+    ap.add_argument('--arms', default='cdf', help='which of c, d, e, f, g to train and z to evaluate (b, the teacher, always)')
     ap.add_argument('--gamma', type=float, default=None, help="distill.gamma_attn of (d) and (f) (default: the config's, BitDistill's 1e5)")
     ap.add_argument('--task', default=TASK, help='data.task of every arm: shakespeare_genre, shakespeare_next_line '
                     '(multiple choice, its 600-item test split) or a JSONL task with a .test sibling')
@@ -118,6 +120,14 @@ def main(argv=None):
             re_ = run_arm(a, '(e)', 'sft', [sd, f'training.lr={a.lr}', f'training.checkpoint_path={start}'],
                           {'training.lr': a.lr, 'training.checkpoint_path': str(start), 'peft.method': '', **sk}, log)
             evaluate('(e) ternary SFT from START (full, no teacher)', seed, lambda: wf_nb.load(output_of(re_)), train_stats(re_))
+        lora = ['peft.method=lora', f'peft.r={a.r}', f'peft.alpha={a.alpha}', f'peft.targets={a.targets}']
+        mlora = {'training.lr': a.lr_lora, 'peft.method': 'lora', 'peft.r': a.r, 'peft.alpha': a.alpha, 'peft.targets': a.targets}
+        if 'z' in a.arms and seed == a.seeds[0]:   # no training, so one seed
+            evaluate('(z) START, zero-shot', seed, lambda: wf_nb.load(start), {})
+        if 'g' in a.arms:
+            rg = run_arm(a, '(g)', 'sft', [sd, f'training.lr={a.lr_lora}', f'training.checkpoint_path={start}', *lora],
+                         {'training.checkpoint_path': str(start), **mlora, **sk}, log)
+            evaluate(f'(g) LoRA SFT from START (r={a.r}, no teacher)', seed, lambda: load_adapter(start, output_of(rg)), train_stats(rg))
         gamma = get_config(model=MODEL, stage='3').distill.gamma_attn if a.gamma is None else a.gamma
         common3 = [sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}', f'distill.gamma_attn={gamma}']
         m3 = {'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), 'distill.gamma_attn': gamma, **sk}
@@ -125,9 +135,7 @@ def main(argv=None):
             rd = run_arm(a, '(d)', '3', [*common3, f'training.lr={a.lr}'], {**m3, 'training.lr': a.lr, 'peft.method': ''}, log)
             evaluate('(d) BitDistill (full)', seed, lambda: wf_nb.load(output_of(rd)), train_stats(rd))
         if 'f' in a.arms:
-            lora = ['peft.method=lora', f'peft.r={a.r}', f'peft.alpha={a.alpha}', f'peft.targets={a.targets}']
-            rf = run_arm(a, '(f)', '3', [*common3, f'training.lr={a.lr_lora}', *lora],
-                         {**m3, 'training.lr': a.lr_lora, 'peft.method': 'lora', 'peft.r': a.r, 'peft.alpha': a.alpha, 'peft.targets': a.targets}, log)
+            rf = run_arm(a, '(f)', '3', [*common3, f'training.lr={a.lr_lora}', *lora], {**m3, **mlora}, log)
             stats = train_stats(rf)
             evaluate(f'(f) LoRA BitDistill (r={a.r})', seed, lambda: load_adapter(start, output_of(rf)), stats)
             evaluate("(f') LoRA merged + re-quantized", seed, lambda: merge_requantize(load_adapter(start, output_of(rf))), {})
@@ -164,7 +172,7 @@ def table(results, a) -> str:
     full = [r for r in results if r['arm'].startswith('(d)')]
     mem_d = st.mean(r['peak_mem_mb'] for r in full) if full else None
     out = [f"\n{MODEL} on {TASK}, {a.steps} steps x {a.batch_size} x {a.seq_len}, teacher {a.teacher_steps} steps, seeds {a.seeds}, "
-           f"test n = {results[0]['n'] if results else 0}, {a.precision}, gamma_attn {a.gamma or 'default (1e5)'}\n",
+           f"test n = {results[0]['n'] if results else 0}, {a.precision}, gamma_attn {a.gamma if a.gamma is not None else 'default (1e5)'}\n",
            '| arm | seeds | accuracy | calibrated | trainable share | peak train memory (MB) | vs full Stage 3 | s / step |', '|---|---|---|---|---|---|---|---|']
     for m in arms:
         rs = [r for r in results if r['arm'] == m]
@@ -175,12 +183,15 @@ def table(results, a) -> str:
                    f"{f'{sh_[0]:.2%}' if sh_ else ''} | {f'{st.mean(mem):.0f}' if mem else ''} | "
                    f"{f'{st.mean(mem) / mem_d:.2f}x' if mem and mem_d else ''} | {f'{st.median(sp):.2f}' if sp else ''} |")
     by = lambda p: {r['seed']: r['accuracy'] for r in results if r['arm'].startswith(p)}
-    c, d, f = by('(c)'), by('(d)'), by('(f)')
-    seeds = sorted(set(c) & set(d) & set(f))
-    if seeds:
-        rec = [(f[s] - c[s]) / (d[s] - c[s]) if d[s] != c[s] else float('nan') for s in seeds]
-        out.append(f"\nLoRA BitDistill recovers {st.mean(rec):.0%} of full BitDistill's gain over direct ternary SFT "
-                   f"(per seed {', '.join(f'{x:.0%}' for x in rec)}; target >= 80%)")
+    c, d, e, f, g, z = (by(p) for p in ('(c)', '(d)', '(e)', '(f)', '(g)', '(z)'))
+    def recovered(what, lora, full, base, target=''):
+        seeds = sorted(set(lora) & set(full) & set(base))
+        if not seeds: return
+        rec = [(lora[s] - base[s]) / (full[s] - base[s]) if full[s] != base[s] else float('nan') for s in seeds]
+        out.append(f"\n{what} recovers {st.mean(rec):.0%} (per seed {', '.join(f'{x:.0%}' for x in rec)}){target}")
+    recovered("LoRA BitDistill (f) of full BitDistill's (d) gain over direct ternary SFT (c)", f, d, c, '; target >= 80%')
+    z0 = {s: next(iter(z.values())) for s in e} if z else {}   # START's zero-shot accuracy does not depend on the seed
+    recovered("LoRA SFT (g) of full SFT's (e) gain over START zero-shot (z)", g, e, z0)
     return '\n'.join(out)
 
 

@@ -16,6 +16,7 @@ recorded in the output. Step times of different processes compare only as ratios
 prints the medians, peaks against the full arm's and s/step against the default adapter run's of the same round:
 
     OMP_NUM_THREADS=1 python tests/benchmarks/bench_lora_memory.py --sweep 3 --steps 6 --precision bf16
+    OMP_NUM_THREADS=1 python tests/benchmarks/bench_lora_memory.py --sweep 3 --steps 6 --precision bf16 --allocators   # tcmalloc, jemalloc
 
 `--kd-delta` instead measures how far a bf16 teacher moves the KD targets (the teacher's log-probs at T = 1 and 5 on
 the scored positions of one batch) against the fp32 teacher.
@@ -148,27 +149,34 @@ SWEEP = {'full': '--arm full', 'lora': '--arm lora', 'lora mmap 1 MiB': '--arm l
          'lora mmap 64 MiB': '--arm lora --mmap-threshold-mb 64', 'lora trim threshold 1 MiB': '--arm lora --trim-threshold-mb 1',
          'lora trim threshold 64 MiB': '--arm lora --trim-threshold-mb 64', 'lora malloc_trim each step': '--arm lora --trim',
          'lora malloc_trim each layer': '--arm lora --trim-blocks', 'lora MALLOC_ARENA_MAX=1': 'MALLOC_ARENA_MAX=1 --arm lora'}
+# other allocators, preloaded as `wf train` does (training.allocator; Debian: libtcmalloc-minimal4, libjemalloc2)
+ALLOCATOR_SWEEP = {'full': '--arm full', 'lora': '--arm lora',
+                   'full tcmalloc': 'LD_PRELOAD=libtcmalloc_minimal.so.4 --arm full', 'lora tcmalloc': 'LD_PRELOAD=libtcmalloc_minimal.so.4 --arm lora',
+                   'full jemalloc': 'LD_PRELOAD=libjemalloc.so.2 --arm full', 'lora jemalloc': 'LD_PRELOAD=libjemalloc.so.2 --arm lora'}
 
 def sweep(a, argv):
     "Every setting of SWEEP once per round, one process each, rotated; medians: peak RSS vs full, s/step vs lora (same round)."
     import os, statistics, subprocess, sys
-    rest = [x for x in argv if x not in ('--sweep', str(a.sweep))]
+    SWEEP = ALLOCATOR_SWEEP if a.allocators else globals()['SWEEP']
+    rest = [x for x in argv if x not in ('--sweep', str(a.sweep), '--allocators')]
+    env0 = {k: v for k, v in os.environ.items() if k not in ('LD_PRELOAD', 'WF_NB_ALLOCATOR')}   # every setting from glibc's
     res = {k: [] for k in SWEEP}
     for r in range(a.sweep):
         for i in range(len(SWEEP)):
             k = list(SWEEP)[(i + 3 * r) % len(SWEEP)]
-            env = dict(os.environ, **dict(x.split('=') for x in SWEEP[k].split() if '=' in x))
+            env = dict(env0, **dict(x.split('=') for x in SWEEP[k].split() if '=' in x))
             args = [x for x in SWEEP[k].split() if '=' not in x]
             p = subprocess.run([sys.executable, __file__, *args, *rest], env=env, capture_output=True, text=True)
             res[k].append(json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None)
             print(k, r, res[k][-1] and res[k][-1]['train_peak_mb'], file=sys.stderr)
     med = statistics.median
     full = med(x['train_peak_mb'] for x in res['full'] if x)
-    print('| setting | peak RSS (MiB) | vs full | s/step vs lora |\n|---|---|---|---|')
+    print('| setting | peak RSS (MiB) | vs full | s/step | s/step vs lora | s/step vs full |\n|---|---|---|---|---|---|')
     for k, xs in res.items():
-        ok = [(x, y) for x, y in zip(xs, res['lora']) if x and y]
-        print(f"| {k} | {med(x['train_peak_mb'] for x, _ in ok):.0f} | {med(x['train_peak_mb'] for x, _ in ok) / full:.2f}x | "
-              f"{med(x['s_per_step'] / y['s_per_step'] for x, y in ok):.2f}x |" if ok else f'| {k} | failed | | |')
+        ok = [(x, y, z) for x, y, z in zip(xs, res['lora'], res['full']) if x and y and z]
+        print(f"| {k} | {med(x['train_peak_mb'] for x, _, _ in ok):.0f} | {med(x['train_peak_mb'] for x, _, _ in ok) / full:.2f}x | "
+              f"{med(x['s_per_step'] for x, _, _ in ok):.2f} | {med(x['s_per_step'] / y['s_per_step'] for x, y, _ in ok):.2f}x | "
+              f"{med(x['s_per_step'] / z['s_per_step'] for x, _, z in ok):.2f}x |" if ok else f'| {k} | failed | | | | |')
 
 
 def main(argv=None):
@@ -187,6 +195,7 @@ def main(argv=None):
     ap.add_argument('--trim-threshold-mb', type=float, default=0, help="glibc's M_TRIM_THRESHOLD in MiB (0: glibc's default; an experiment)")
     ap.add_argument('--mmap-threshold-mb', type=int, default=0, help='peft.mmap_threshold_mb (adapter arms; wf_nb.lora.compact_heap)')
     ap.add_argument('--sweep', type=int, default=0, help='ROUNDS: every setting of SWEEP once per round, interleaved, and the table')
+    ap.add_argument('--allocators', action='store_true', help='--sweep over ALLOCATOR_SWEEP (glibc, tcmalloc, jemalloc) instead')
     a = ap.parse_args(argv)
     if a.sweep: return sweep(a, sys.argv[1:] if argv is None else argv)
     if a.kd_delta: return kd_delta(a)
@@ -203,7 +212,9 @@ def main(argv=None):
                       f'data.seq_len={a.seq_len}', 'training.save_interval=100000', 'logging.progress=false',
                       'logging.wandb_mode=disabled', 'training.lr=1e-4'], stage='3', model='smollm2_135m')
     import os
+    from wf_nb.launch import loaded_allocator
     out = dict(arm=a.arm, precision=a.precision, teacher_dtype=a.teacher_dtype, rss_start_mb=rss_mb(), trim=a.trim,
+               allocator=loaded_allocator() or 'glibc',
                trim_blocks=a.trim_blocks, malloc_env={k: v for k, v in os.environ.items() if k.startswith(('MALLOC_', 'GLIBC_TUNABLES'))})
     if a.trim_threshold_mb: out['trim_threshold_mb'] = a.trim_threshold_mb if set_trim_threshold(a.trim_threshold_mb) else 0
     fp = load_fp_model(cfg.model)

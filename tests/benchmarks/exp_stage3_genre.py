@@ -39,7 +39,8 @@ def pin_commit(folder) -> str:
     if not os.environ.get('WF_NB_COMMIT'):
         if not f.exists():
             from wf_nb.config import git_info
-            f.parent.mkdir(parents=True, exist_ok=True); f.write_text(git_info()['commit'] or 'unknown')
+            from wf_nb.io import atomic_write_text   # two experiments starting at once never read a half-written pin
+            f.parent.mkdir(parents=True, exist_ok=True); atomic_write_text(f, git_info()['commit'] or 'unknown')
         os.environ['WF_NB_COMMIT'] = f.read_text().strip()
     return os.environ['WF_NB_COMMIT']
 
