@@ -33,6 +33,19 @@ warm-up; median seconds per step, tokens/s of wall time and per CPU second, rati
   --arms s2,s2c (quiet, load ~1; warm inductor cache): s2 3.12 s (164 tok/s), s2c 2.48 (207) 1.26x; s2c's first step
                            4.5 s, its first validation 2.6 s.
 
+The allocator (session 40; `training.allocator`, wf_nb.launch): the same benchmark in alternating processes, glibc's
+allocator against tcmalloc preloaded (`LD_PRELOAD=libtcmalloc_minimal.so.4`, as `wf train` now runs where it is
+installed), 1 thread beside two 1-thread training jobs, medians of 3-4 rounds per process:
+
+  --arms s2 (3 + 3 processes)     glibc 3.79 / 3.32 / 3.58 s; tcmalloc 2.00 / 2.08 / 1.97 s: 0.56x, the same losses
+                                  bit for bit; the loss 0.52-1.15 -> 0.08 s, backward 1.57-1.78 -> 0.95-1.01 s
+  --arms s2,s2c (2 + 2 processes) s2: glibc 3.89 / 2.95, tcmalloc 1.99 / 1.97; s2c (what `wf pipeline` runs):
+                                  glibc 2.43 / 2.39, tcmalloc 1.82 / 1.82 s: 0.76x; peak RSS 6.9-7.1 -> 6.5 GB
+
+glibc hands every freed block over its mmap threshold (at most 32 MiB) back to the OS, so the vocabulary-sized
+tensors of each step (a 4 x 128 x 49,152 fp32 logits tensor is 100 MB; the embedding's gradient 113 MB) are mapped
+and page-faulted afresh every step; tcmalloc keeps them.
+
 Backward is half of every step (3.3 s of s2's 6.7); the eager loss (KL in fp32 over 49,152 words, plus the logged CE)
 0.86 s, compiled 0.12 s; the peer's student forward (AutoBitLinear's fake quantization) 1.9 s against wf_nb's 1.3 s.
 A checkpoint save (model + AdamW state) takes 4-9 s, a 4-batch validation 4-8 s.
@@ -157,7 +170,7 @@ def main():
     from wf_nb.convert import run_stage1
     from wf_nb.stages import _teacher
     torch.manual_seed(0)
-    tmp = Path(a.out or tempfile.mkdtemp(prefix='bench_stage_speed_'))
+    tmp = Path(a.out or tempfile.mkdtemp(prefix=f'bench_stage_speed_{os.getpid()}_'))
     cfg = cfg_for('2'); tok = load_tokenizer(cfg.model)
     batch = next(get_data(cfg, tok, 'train', verbose=False))
     val = get_data(cfg, tok, 'val', verbose=False)
@@ -212,4 +225,8 @@ def main():
     print(f"\npeak RSS {int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) // 1024} MB")
 
 if __name__ == '__main__':
-    main()
+    import shutil, sys
+    mine = '--out' not in sys.argv   # a temporary folder of its own (2 GB of checkpoints): removed, whatever happens
+    try: main()
+    finally:
+        if mine: [shutil.rmtree(p, ignore_errors=True) for p in Path(tempfile.gettempdir()).glob(f'bench_stage_speed_{os.getpid()}_*')]
