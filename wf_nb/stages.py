@@ -20,8 +20,9 @@ from .callbacks import QuantSchedule
 from .quant import bitlinears
 
 # %% auto #0
-__all__ = ['STAGES', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent',
-           'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'run_pipeline', 'smoke']
+__all__ = ['STAGES', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA', 'StageSpec', 'register_stage', 'lineage_key',
+           'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'pipeline_data', 'run_pipeline',
+           'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -454,6 +455,25 @@ def _pipeline_compile(model: str, overrides, stage: str, n: int) -> list[str]:
     pays = cfg.model.arch == 'hf' and not cfg.peft.method and _max_steps(cfg, None, 1) >= PIPELINE_COMPILE_STEPS
     return ['training.compile=true'] if pays and _can_compile() else []
 
+# %% ../nbs/07_stages.ipynb #bd4d5f79
+PIPELINE_DATA = 'general'   # `wf pipeline`'s conversion data (a registered mixture): measured, see above
+
+def pipeline_data(overrides, mixture: str = PIPELINE_DATA, log=print) -> list[str]:
+    "`['data.mixture=<mixture>']` unless `overrides` choose the data or a source of `mixture` is missing here (then: said, and [])."
+    from wf_nb.recipes import MIXTURES
+    from wf_nb.data import text_source
+    from wf_nb.errors import WFError
+    if any(str(o).split('=', 1)[0].strip() in ('data', 'data.source', 'data.mixture') for o in overrides): return []
+    missing = []
+    for _, src, _ in MIXTURES[mixture]:
+        try: text_source(src)
+        except (WFError, OSError, ImportError) as e: missing.append(f"{src}: {e}")
+    if missing:
+        log(f"pipeline: training on Shakespeare only, not the {mixture!r} mixture that keeps the student general "
+            f"({len(missing)} source(s) missing: {'; '.join(missing)})")
+        return []
+    return [f'data.mixture={mixture}']
+
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print, callbacks=()) -> dict:
@@ -465,6 +485,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     n19 = int(round(tokens * split))
     if tokens - n19 < 1: raise ValueError(f"--tokens {tokens} with --split {split} leaves Stage 2 no tokens; give more tokens")
     plan = ([('1.9', n19)] if n19 else []) + [('2', tokens - n19)]
+    overrides = list(overrides) + pipeline_data(overrides, log=log)   # PIPELINE_DATA unless the overrides choose
     results, parent = {}, None
     for stage, n in plan:
         comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays
