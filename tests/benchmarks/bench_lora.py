@@ -68,6 +68,8 @@ def main(argv=None):
     ap.add_argument('--stage1', default=None, help='Stage 1 output: the start of (c) (default: a Stage-1 run in --runs-dir)')
     ap.add_argument('--arms', default='cdf', help='which of c, d, e, f, g to train and z to evaluate (b, the teacher, always)')
     ap.add_argument('--gamma', type=float, default=None, help="distill.gamma_attn of (d) and (f) (default: the config's, BitDistill's 1e5)")
+    ap.add_argument('--distill', nargs='*', default=[], metavar='KEY=VALUE',
+                    help='more numeric distill.* overrides of (d) and (f), e.g. distill.temperature=1 distill.lambda_logits=1')
     ap.add_argument('--task', default=TASK, help='data.task of every arm: shakespeare_genre, shakespeare_next_line '
                     '(multiple choice, its 600-item test split) or a JSONL task with a .test sibling')
     ap.add_argument('--n-test-per-genre', type=int, default=0, help='balanced test subsample (0: the whole test split)')
@@ -129,8 +131,13 @@ def main(argv=None):
                          {'training.checkpoint_path': str(start), **mlora, **sk}, log)
             evaluate(f'(g) LoRA SFT from START (r={a.r}, no teacher)', seed, lambda: load_adapter(start, output_of(rg)), train_stats(rg))
         gamma = get_config(model=MODEL, stage='3').distill.gamma_attn if a.gamma is None else a.gamma
-        common3 = [sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}', f'distill.gamma_attn={gamma}']
-        m3 = {'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), 'distill.gamma_attn': gamma, **sk}
+        d3 = get_config(model=MODEL, stage='3').distill   # matched always, so a run with other values is never reused
+        extra = {'distill.temperature': d3.temperature, 'distill.lambda_logits': d3.lambda_logits,
+                 **dict(kv.split('=', 1) for kv in a.distill)}   # e.g. distill.temperature=1 distill.lambda_logits=1
+        common3 = [sd, f'training.checkpoint_path={start}', f'distill.teacher={teacher}', f'distill.gamma_attn={gamma}',
+                   *(f'{k}={v}' for k, v in extra.items())]
+        m3 = {'training.checkpoint_path': str(start), 'distill.teacher': str(teacher), 'distill.gamma_attn': gamma, **sk,
+              **{k: float(v) for k, v in extra.items()}}
         if 'd' in a.arms:
             rd = run_arm(a, '(d)', '3', [*common3, f'training.lr={a.lr}'], {**m3, 'training.lr': a.lr, 'peft.method': ''}, log)
             evaluate('(d) BitDistill (full)', seed, lambda: wf_nb.load(output_of(rd)), train_stats(rd))
@@ -172,7 +179,8 @@ def table(results, a) -> str:
     full = [r for r in results if r['arm'].startswith('(d)')]
     mem_d = st.mean(r['peak_mem_mb'] for r in full) if full else None
     out = [f"\n{MODEL} on {TASK}, {a.steps} steps x {a.batch_size} x {a.seq_len}, teacher {a.teacher_steps} steps, seeds {a.seeds}, "
-           f"test n = {results[0]['n'] if results else 0}, {a.precision}, gamma_attn {a.gamma if a.gamma is not None else 'default (1e5)'}\n",
+           f"test n = {results[0]['n'] if results else 0}, {a.precision}, gamma_attn {a.gamma if a.gamma is not None else 'default (1e5)'}"
+           f"{(', ' + ' '.join(a.distill)) if a.distill else ''}\n",
            '| arm | seeds | accuracy | calibrated | trainable share | peak train memory (MB) | vs full Stage 3 | s / step |', '|---|---|---|---|---|---|---|---|']
     for m in arms:
         rs = [r for r in results if r['arm'] == m]
