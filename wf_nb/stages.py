@@ -448,9 +448,13 @@ def _can_compile() -> bool:
     import shutil
     return torch.cuda.is_available() or any(shutil.which(c) for c in (os.environ.get('CXX'), 'g++', 'c++', 'clang++') if c)
 
+def _sets(overrides, *keys) -> bool:
+    "Whether `overrides` (`key=value` strings) set any of `keys`: then the user decides, not the pipeline's defaults."
+    return any(str(o).split('=', 1)[0].strip() in keys for o in overrides)
+
 def _pipeline_compile(model: str, overrides, stage: str, n: int) -> list[str]:
     "`['training.compile=true']` for a pipeline stage that repays compiling (see above), unless `overrides` set `training.compile`."
-    if any(str(o).split('=', 1)[0].strip() == 'training.compile' for o in overrides): return []
+    if _sets(overrides, 'training.compile'): return []
     cfg = get_config(list(overrides) + [f'training.total_tokens={n}'], stage=stage, model=model)
     pays = cfg.model.arch == 'hf' and not cfg.peft.method and _max_steps(cfg, None, 1) >= PIPELINE_COMPILE_STEPS
     return ['training.compile=true'] if pays and _can_compile() else []
@@ -463,7 +467,7 @@ def pipeline_data(overrides, mixture: str = PIPELINE_DATA, log=print) -> list[st
     from wf_nb.recipes import MIXTURES
     from wf_nb.data import text_source
     from wf_nb.errors import WFError
-    if any(str(o).split('=', 1)[0].strip() in ('data', 'data.source', 'data.mixture') for o in overrides): return []
+    if _sets(overrides, 'data', 'data.source', 'data.mixture'): return []
     missing = []
     for _, src, _ in MIXTURES[mixture]:
         try: text_source(src)
