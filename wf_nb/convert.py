@@ -21,8 +21,8 @@ from .quant import BitLinear, FusedSubLN, fuse_subln, fuse_input_norm, bitlinear
 # %% auto #0
 __all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'BITNET_INPUT_NORMS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config',
            'WFQwen3ForCausalLM', 'WFBitNetConfig', 'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG',
-           'ternarize_', 'convert', 'calibrate_sublns', 'save_model', 'load', 'heldout_ids', 'calibration_ids',
-           'compare_logits', 'conversion_report', 'run_stage1']
+           'ternarize_', 'convert', 'calibrate_sublns', 'save_model', 'CheckpointTensors', 'model_skeleton', 'load',
+           'heldout_ids', 'calibration_ids', 'compare_logits', 'conversion_report', 'run_stage1']
 
 # %% ../nbs/03_convert.ipynb #9ee5e681
 SUBLN_ALLNORM_EPS = 1e-8
@@ -211,21 +211,37 @@ def save_model(model: nn.Module, tokenizer, out_dir, overwrite: bool = False, wf
     return atomic_dir(out, write, exists='replace' if overwrite else 'error')
 
 # %% ../nbs/03_convert.ipynb #5f029a63
-def _read_state_dict(path: Path) -> dict:
-    from safetensors.torch import load_file
-    files = sorted(path.glob('*.safetensors'))
+def _weight_files(path: Path) -> list[Path]:
+    files = sorted(Path(path).glob('*.safetensors'))
     if not files: raise FileNotFoundError(f"no *.safetensors weights in {path}")
-    sd = {}
-    for f in files:
-        try: sd.update(load_file(f))
-        except Exception as e:   # a truncated or overwritten file: say which one, not safetensors' header error alone
-            raise ValueError(f"{f} is damaged or truncated ({type(e).__name__}: {str(e)[:120]}); "
-                             f"run the stage or export that wrote it again") from e
-    return sd
+    return files
+
+class CheckpointTensors:
+    "A checkpoint's tensors by name, each read on its own into memory the caller owns (`read`)."
+    def __init__(self, path):
+        from safetensors import safe_open
+        self.file_of = {}
+        for f in _weight_files(path):
+            try:
+                with safe_open(f, 'pt') as h: self.file_of.update(dict.fromkeys(h.keys(), f))
+            except Exception as e:   # a truncated or overwritten file: say which one, not safetensors' header error alone
+                raise ValueError(f"{f} is damaged or truncated ({type(e).__name__}: {str(e)[:120]}); "
+                                 f"run the stage or export that wrote it again") from e
+    def keys(self): return self.file_of.keys()
+    def __contains__(self, name): return name in self.file_of
+
+    def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        "Tensor `name` (cast to `dtype`) in fresh memory."
+        from safetensors import safe_open
+        # safetensors maps the whole file and keeps the mapping while any tensor from it lives: a copy and a closed handle
+        # per tensor keep only this one tensor's pages resident, never the file's
+        with safe_open(self.file_of[name], 'pt') as h: t = h.get_tensor(name)
+        return t.to(dtype or t.dtype, copy=True)
 
 # %% ../nbs/03_convert.ipynb #f711f618
-def load(path, dtype=None) -> nn.Module:
-    "Any checkpoint wf_nb wrote (or a plain FP HF dir) -> the model as wf_nb trains it, loaded strictly."
+def model_skeleton(path, dtype=None) -> nn.Module:
+    "The model `path/config.json` describes, as `load` returns it (wf_nb BitLinears, the recorded lambda), its parameters on the meta device."
+    from accelerate import init_empty_weights
     path = Path(path)
     if not (path/'config.json').exists(): raise FileNotFoundError(f"{path} has no config.json: not a model checkpoint")
     cj = json.loads((path/'config.json').read_text())
@@ -237,18 +253,25 @@ def load(path, dtype=None) -> nn.Module:
     if mt is None: raise ValueError(f"{path}/config.json has no model_type")
     cfg = AutoConfig.for_model(mt, **{k: v for k, v in cj.items() if k not in ('transformers_version',)})
     dtype = dtype or getattr(torch, str(cj.get('dtype') or cj.get('torch_dtype') or 'float32').replace('torch.', ''))
-    with torch.random.fork_rng(devices=[]), no_init_weights():   # strict load overwrites every weight
+    with torch.random.fork_rng(devices=[]), init_empty_weights(include_buffers=False):   # every weight comes from the file
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     if mt == 'bitnet': ternarize_(model, 'paper', bitnet_native=True)
-    sd = _read_state_dict(path)
-    if getattr(cfg, 'tie_word_embeddings', False) and 'lm_head.weight' not in sd and 'model.embed_tokens.weight' in sd:
-        sd['lm_head.weight'] = sd['model.embed_tokens.weight']
-    res = model.load_state_dict(sd, strict=False)
+    if getattr(cfg, 'wf_quant', None): set_lambda(model, quant_state(model)['lambda'])   # e.g. an FP control arm at 0
+    return model
+
+def load(path, dtype=None) -> nn.Module:
+    "Any checkpoint wf_nb wrote (or a plain FP HF dir) -> the model as wf_nb trains it, loaded strictly, its weights in memory once."
+    model = model_skeleton(path, dtype)
+    want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
+    ct = CheckpointTensors(path)
+    sd = {k: ct.read(k, want.get(k) if want.get(k, torch.int8).is_floating_point else None) for k in ct.keys()}
+    tied = getattr(model.config, 'tie_word_embeddings', False)
+    if tied and 'lm_head.weight' not in sd and 'model.embed_tokens.weight' in sd: sd['lm_head.weight'] = sd['model.embed_tokens.weight']
+    res = model.load_state_dict(sd, strict=False, assign=True)   # the tensors just read become the parameters: no second copy
     if res.missing_keys or res.unexpected_keys:
         raise RuntimeError(f"load({path}): checkpoint does not match {type(model).__name__}: "
                            f"missing {res.missing_keys[:8]}, unexpected {res.unexpected_keys[:8]}")
-    if getattr(cfg, 'tie_word_embeddings', False): model.tie_weights()
-    if getattr(cfg, 'wf_quant', None): set_lambda(model, quant_state(model)['lambda'])   # e.g. an FP control arm at 0
+    if tied: model.tie_weights()
     return model.eval()
 
 # %% ../nbs/03_convert.ipynb #4a195b6e

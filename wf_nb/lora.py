@@ -14,10 +14,10 @@ from .quant import BitLinear, RMSNorm, bitlinears, shared_act_codes, act_quant, 
 from .io import atomic_dir
 
 # %% auto #0
-__all__ = ['TARGET_MODULES', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear', 'LoraBitLinear',
-           'lora_config', 'base_digest', 'freeze_base', 'checkpoint_blocks', 'compact_heap', 'add_lora',
-           'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter', 'hf_peft_model', 'merge_requantize',
-           'export_lora_gguf']
+__all__ = ['TARGET_MODULES', 'NOT_TERNARY', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear',
+           'LoraBitLinear', 'lora_config', 'base_digest', 'freeze_base', 'load_frozen', 'checkpoint_blocks',
+           'compact_heap', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter',
+           'hf_peft_model', 'merge_requantize', 'export_lora_gguf']
 
 # %% ../nbs/06f_lora.ipynb #a1deef94
 class FrozenBitLinear(nn.Module):
@@ -43,15 +43,20 @@ class FrozenBitLinear(nn.Module):
 
 # %% ../nbs/06f_lora.ipynb #3e809283
 @patch(cls_method=True)
-def from_bitlinear(cls: FrozenBitLinear, lin: BitLinear) -> FrozenBitLinear:
-    "The frozen integer form of a fully quantized (lam = 1) BitLinear."
+def like(cls: FrozenBitLinear, lin: BitLinear, device=None) -> FrozenBitLinear:
+    "An empty (zero codes) frozen layer of `lin`'s shape, bias, activation bits and fused norm; refuses a layer with no fixed integer form."
     if lin.haar: raise ValueError("LoRA on Haar BitLinear layers is not supported (quant.haar=true); use a model without Haar")
     if lin.lam < 1 or not 0 < lin.act_bits <= 8:
         raise ValueError(f"LoRA needs a fully quantized base (lam = 1, 1-8 activation bits); this layer has lam={lin.lam}, "
                          f"act_bits={lin.act_bits}: finish the lambda warm-up (Stage 2) first")
     norm = lin.rms_norm
-    m = cls(lin.in_features, lin.out_features, lin.bias is not None, lin.act_bits, None if norm is None else norm.variance_epsilon,
-            device=lin.weight.device, dtype=lin.weight.dtype)
+    return cls(lin.in_features, lin.out_features, lin.bias is not None, lin.act_bits, None if norm is None else norm.variance_epsilon,
+               device=device, dtype=lin.weight.dtype)
+
+@patch(cls_method=True)
+def from_bitlinear(cls: FrozenBitLinear, lin: BitLinear) -> FrozenBitLinear:
+    "The frozen integer form of a fully quantized (lam = 1) BitLinear."
+    m, norm = cls.like(lin, device=lin.weight.device), lin.rms_norm
     with torch.no_grad():
         q, s = weight_codes(lin.weight.detach())
         m.weight.copy_(q); m.weight_scale.copy_(s)
@@ -101,25 +106,70 @@ def lora_config(pc) -> LoraConfig:
     return lc
 
 # %% ../nbs/06f_lora.ipynb #3ec87f4a
+def _digest_update(h, name: str, t: torch.Tensor):
+    "Add tensor `name` (name, dtype, shape, bytes) to the running SHA256 `h`."
+    t = t.detach().contiguous().cpu()
+    h.update(f'{name}|{t.dtype}|{tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b'')   # the tensor's own bytes, not a copy
+
 def base_digest(model: nn.Module) -> str:
     "SHA256 over the base model's tensors (names, dtypes, shapes, bytes; adapters excluded): which base an adapter belongs to."
     h = hashlib.sha256()
     for k, v in sorted(model.state_dict().items()):
         if 'lora_' in k: continue
-        k = k.replace('.base_layer.', '.')
-        t = v.detach().contiguous().cpu()
-        h.update(f'{k}|{t.dtype}|{tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b'')
+        _digest_update(h, k.replace('.base_layer.', '.'), v)
     return h.hexdigest()
 
 # %% ../nbs/06f_lora.ipynb #6f6d9de2
+NOT_TERNARY = ("LoRA in wf_nb adapts a ternary model and this one has no BitLinear layer: "
+               "start from a ternary checkpoint (training.checkpoint_path=STAGE_OUTPUT)")
+
 def freeze_base(model: nn.Module) -> nn.Module:
     "Every BitLinear -> a `FrozenBitLinear` (int8 codes), every other parameter frozen (in place)."
     lins = bitlinears(model)
-    if not lins: raise ValueError("LoRA in wf_nb adapts a ternary model and this one has no BitLinear layer: "
-                                  "start from a ternary checkpoint (training.checkpoint_path=STAGE_OUTPUT)")
+    if not lins and not any(isinstance(m, FrozenBitLinear) for m in model.modules()): raise ValueError(NOT_TERNARY)
     for n, lin in lins: model.set_submodule(n, FrozenBitLinear.from_bitlinear(lin))
     for p in model.parameters(): p.requires_grad_(False)
     return model
+
+# %% ../nbs/06f_lora.ipynb #9994206c
+def _assign(model: nn.Module, name: str, t: torch.Tensor):
+    "Make `t` the parameter or buffer `name` of `model` (frozen), after checking its shape."
+    mod_name, _, attr = name.rpartition('.')
+    mod = model.get_submodule(mod_name)
+    old = mod._parameters.get(attr, mod._buffers.get(attr))
+    if old is None or old.shape != t.shape:
+        raise RuntimeError(f"{name}: the checkpoint has shape {tuple(t.shape)}, the model {None if old is None else tuple(old.shape)}")
+    if attr in mod._parameters: mod._parameters[attr] = nn.Parameter(t, requires_grad=False)
+    else: mod._buffers[attr] = t
+
+def load_frozen(path) -> nn.Module:
+    "A ternary checkpoint folder -> the model with `FrozenBitLinear`s, each BitLinear weight turned into codes as it is read (digest in `wf_base_digest`)."
+    from wf_nb.convert import model_skeleton, CheckpointTensors
+    model = model_skeleton(path)
+    want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}   # load(path)'s tensors: names and dtypes
+    lins = dict(bitlinears(model))
+    if not lins: raise ValueError(NOT_TERNARY)
+    for n, lin in lins.items(): model.set_submodule(n, FrozenBitLinear.like(lin, device='cpu'))
+    ct, h = CheckpointTensors(path), hashlib.sha256()
+    tied = getattr(model.config, 'tie_word_embeddings', False)
+    tied_head = tied and 'lm_head.weight' in want and 'lm_head.weight' not in ct
+    unexpected = sorted(set(ct.keys()) - set(want))
+    missing = [k for k in want if k not in ct and not (tied_head and k == 'lm_head.weight')]
+    if missing or unexpected:
+        raise RuntimeError(f"load_frozen({path}): checkpoint does not match {type(model).__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    for k in sorted(want):   # base_digest's order
+        src = 'model.embed_tokens.weight' if tied_head and k == 'lm_head.weight' else k
+        t = ct.read(src, want[k] if want[k].is_floating_point else None)
+        _digest_update(h, k, t)
+        mod_name, _, attr = k.rpartition('.')
+        if mod_name in lins and attr == 'weight':   # the FP weight lives only until its codes are made
+            fz = model.get_submodule(mod_name)
+            q, s = weight_codes(t)
+            fz.weight.copy_(q); fz.weight_scale.copy_(s)
+        elif src == k: _assign(model, k, t)
+    if tied: model.tie_weights()
+    model.wf_base_digest = h.hexdigest()
+    return model.eval()
 
 # %% ../nbs/06f_lora.ipynb #e4b19d0b
 def checkpoint_blocks(model: nn.Module) -> bool:
@@ -145,7 +195,8 @@ def compact_heap(threshold_mib: float) -> bool:
 # %% ../nbs/06f_lora.ipynb #09c608f9
 def add_lora(model: nn.Module, pc, seed: int | None = None) -> nn.Module:
     "Freeze `model` to its integer form and inject LoRA adapters as `pc` (`cfg.peft`) says; returns `model` (changed in place)."
-    digest = base_digest(model)   # of the weights as loaded: independent of the quantizer's code path (compiled or eager)
+    # of the weights as loaded (independent of the quantizer's code path, compiled or eager); load_frozen computed it as it read them
+    digest = base_digest(model) if bitlinears(model) else getattr(model, 'wf_base_digest', None) or base_digest(model)
     freeze_base(model)
     for m in model.modules():
         if isinstance(m, FrozenBitLinear): m.adapter_reads = pc.input
@@ -203,13 +254,11 @@ def _load_adapter_tensors(model: nn.Module, adapter_dir: Path):
 
 # %% ../nbs/06f_lora.ipynb #1c5d31fa
 def load_adapter(base, adapter_dir, check_digest: bool = True) -> nn.Module:
-    "The base model (a module, or a checkpoint folder for `wf_nb.load`) frozen, with the adapter in `adapter_dir` loaded strictly."
+    "The base model (a module, or a checkpoint folder: `load_frozen`) frozen, with the adapter in `adapter_dir` loaded strictly."
     from types import SimpleNamespace
     adapter_dir = Path(adapter_dir)
     meta = _adapter_meta(adapter_dir)
-    if not isinstance(base, nn.Module):
-        from wf_nb.convert import load
-        base = load(base)
+    if not isinstance(base, nn.Module): base = load_frozen(base)
     pc = SimpleNamespace(method='lora', r=meta['r'], alpha=meta['alpha'], dropout=0.0, targets=meta['targets'], input=meta['input'])
     model = add_lora(base, pc)
     if check_digest and meta.get('base_digest') and meta['base_digest'] != model.wf_base_digest:

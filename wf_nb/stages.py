@@ -361,11 +361,13 @@ def run_stage(cfg: WFConfig, runs_dir=None, out=None, skip_recovery=False, log=p
     return {'stop_reason': None, 'signal': None, **res, 'run_dir': str(run.dir), 'run_id': run.id, 'output': str(out_dir)}
 
 # %% ../nbs/07_stages.ipynb #f4432150
-def _with_adapters(cfg, model, run, acc):
-    "`peft.method=lora`: the student frozen to int8 codes with LoRA adapters (wf_nb.lora); only they train and are checkpointed."
-    from wf_nb.lora import add_lora, trainable_share, compact_heap
+def _with_adapters(spec, cfg, parent_path, run, acc):
+    "`peft.method=lora`: the student frozen to int8 codes as it loads, with LoRA adapters (wf_nb.lora); only they train and are checkpointed."
+    from wf_nb.lora import add_lora, trainable_share, compact_heap, load_frozen
     if cfg.training.compile or acc.num_processes > 1:
         raise ValueError("peft.method=lora runs in one process, eagerly: set training.compile=false and use one process")
+    # every stage's student from a checkpoint is `load(parent_path)`: here straight into codes, never the FP master weights
+    model = load_frozen(parent_path) if parent_path is not None else spec.build_student(cfg, parent_path)
     model = add_lora(model, cfg.peft, seed=cfg.training.seed)
     compact_heap(cfg.peft.mmap_threshold_mb)   # 0: glibc's default allocator
     if acc.is_main_process: run.update(peft=trainable_share(model), base_digest=model.wf_base_digest)
@@ -403,8 +405,7 @@ def _train(spec: StageSpec, cfg, run, acc, parent_path, out_dir, callbacks=(), p
     "Train `spec`'s student on `cfg`'s data and save it to `out_dir` (every rank takes part)."
     from wf_nb.assets import load_tokenizer
     tok = load_tokenizer(cfg.model)
-    model = spec.build_student(cfg, parent_path)
-    if cfg.peft.method: model = _with_adapters(cfg, model, run, acc)
+    model = _with_adapters(spec, cfg, parent_path, run, acc) if cfg.peft.method else spec.build_student(cfg, parent_path)
     teacher = spec.build_teacher(cfg, run, acc) if spec.build_teacher else None
     step_fn = spec.step(teacher) if teacher is not None and spec.step else lm_step
     if teacher is not None: teacher.to(acc.device)

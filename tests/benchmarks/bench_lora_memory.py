@@ -8,6 +8,9 @@ checkpoint), with the bytes of the state that lives through a step (parameters, 
 
     for arm in full lora-nockpt lora; do OMP_NUM_THREADS=1 python tests/benchmarks/bench_lora_memory.py --arm $arm --steps 3; done
 
+`--start STAGE_OUT --teacher FP_SFT_OUT` loads both from checkpoint folders as `wf train -s 3` does (the adapter arm's base
+straight into int8 codes, `wf_nb.lora.load_frozen`); `process_peak_mb` is then the whole process's peak, loading included.
+
 Allocator experiments (adapter arms; issue 37's search for a default, table in nbs/06f_lora.ipynb): `--mmap-threshold-mb N`
 (the config's `peft.mmap_threshold_mb`), `--trim-threshold-mb N` (glibc's M_TRIM_THRESHOLD), `--trim` (malloc_trim(0)
 after every step), `--trim-blocks` (after every decoder layer's forward), and glibc's environment (`MALLOC_ARENA_MAX=1`),
@@ -194,6 +197,9 @@ def main(argv=None):
     ap.add_argument('--trim-blocks', action='store_true', help="glibc's malloc_trim(0) after every decoder layer's forward (an experiment)")
     ap.add_argument('--trim-threshold-mb', type=float, default=0, help="glibc's M_TRIM_THRESHOLD in MiB (0: glibc's default; an experiment)")
     ap.add_argument('--mmap-threshold-mb', type=int, default=0, help='peft.mmap_threshold_mb (adapter arms; wf_nb.lora.compact_heap)')
+    ap.add_argument('--start', default='', help='a ternary checkpoint folder to start from, loaded as `wf train` loads it (default: '
+                    'SmolLM2 converted in this process, no checkpoint read)')
+    ap.add_argument('--teacher', default='', help="the teacher's checkpoint folder (default: the FP SmolLM2 preset)")
     ap.add_argument('--sweep', type=int, default=0, help='ROUNDS: every setting of SWEEP once per round, interleaved, and the table')
     ap.add_argument('--allocators', action='store_true', help='--sweep over ALLOCATOR_SWEEP (glibc, tcmalloc, jemalloc) instead')
     a = ap.parse_args(argv)
@@ -217,8 +223,13 @@ def main(argv=None):
                allocator=loaded_allocator() or 'glibc',
                trim_blocks=a.trim_blocks, malloc_env={k: v for k, v in os.environ.items() if k.startswith(('MALLOC_', 'GLIBC_TUNABLES'))})
     if a.trim_threshold_mb: out['trim_threshold_mb'] = a.trim_threshold_mb if set_trim_threshold(a.trim_threshold_mb) else 0
-    fp = load_fp_model(cfg.model)
-    model = convert(fp, cfg.quant).train(); del fp
+    if a.start:   # the student as `wf train ... training.checkpoint_path=START` loads it (an adapter run: straight into codes)
+        from wf_nb.convert import load
+        from wf_nb.lora import load_frozen
+        model = (load(a.start) if a.arm == 'full' else load_frozen(a.start)).train()
+    else:
+        fp = load_fp_model(cfg.model)
+        model = convert(fp, cfg.quant).train(); del fp
     if a.arm != 'full':
         model = add_lora(model, cfg.peft, seed=0)
         out['mmap_threshold_mb'] = a.mmap_threshold_mb if compact_heap(cfg.peft.mmap_threshold_mb) else 0   # as the stage does
@@ -226,7 +237,7 @@ def main(argv=None):
         out['checkpointing'] = bool(getattr(model, 'is_activation_checkpointing', False) or getattr(model, 'is_gradient_checkpointing', False))
     if a.trim_blocks: out['trim_blocks'] = trim_after_blocks(model)
     out['rss_student_mb'] = rss_mb()
-    teacher = _teacher(cfg, 'smollm2_135m')   # the stage's loader of a frozen FP teacher
+    teacher = _teacher(cfg, a.teacher or 'smollm2_135m')   # the stage's loader of a frozen FP teacher
     if a.teacher_dtype == 'bf16': teacher = teacher.to(torch.bfloat16)
     out['teacher_mb'] = tensor_mb([*teacher.parameters(), *teacher.buffers()])
     out['rss_teacher_mb'] = rss_mb()
@@ -236,6 +247,7 @@ def main(argv=None):
                      callbacks=[*_stage_callbacks(cfg, model), probe(a.steps, out, a.profile, a.trim)])
         try: tr.fit(resume=False)
         except _Done: pass
+    out['process_peak_mb'] = max(out['load_peak_mb'], out['train_peak_mb'])   # loading and training: the whole process's peak
     print(json.dumps(out))
 
 
