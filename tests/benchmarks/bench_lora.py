@@ -195,6 +195,11 @@ def table(results, a) -> str:
     def recovered(what, lora, full, base, target=''):
         seeds = sorted(set(lora) & set(full) & set(base))
         if not seeds: return
+        gain = st.mean(full[s] - base[s] for s in seeds)
+        if gain <= 0:   # a share of a loss is no recovery (two negative gains would give a positive ratio)
+            out.append(f"\n{what}: full training has no gain to recover ({gain:+.3f} mean over seeds); LoRA's own: "
+                       f"{st.mean(lora[s] - base[s] for s in seeds):+.3f}{target}")
+            return
         rec = [(lora[s] - base[s]) / (full[s] - base[s]) if full[s] != base[s] else float('nan') for s in seeds]
         out.append(f"\n{what} recovers {st.mean(rec):.0%} (per seed {', '.join(f'{x:.0%}' for x in rec)}){target}")
     recovered("LoRA BitDistill (f) of full BitDistill's (d) gain over direct ternary SFT (c)", f, d, c, '; target >= 80%')
