@@ -231,12 +231,12 @@ class CheckpointTensors:
     def __contains__(self, name): return name in self.file_of
 
     def read(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        "Tensor `name` (cast to `dtype`) in fresh memory."
+        "Tensor `name` in fresh memory, cast to `dtype` when that is a floating dtype (the model's: integer buffers stay as stored)."
         from safetensors import safe_open
         # safetensors maps the whole file and keeps the mapping while any tensor from it lives: a copy and a closed handle
         # per tensor keep only this one tensor's pages resident, never the file's
         with safe_open(self.file_of[name], 'pt') as h: t = h.get_tensor(name)
-        return t.to(dtype or t.dtype, copy=True)
+        return t.to(dtype if dtype is not None and dtype.is_floating_point else t.dtype, copy=True)
 
 # %% ../nbs/03_convert.ipynb #f711f618
 def model_skeleton(path, dtype=None) -> nn.Module:
@@ -264,7 +264,7 @@ def load(path, dtype=None) -> nn.Module:
     model = model_skeleton(path, dtype)
     want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
     ct = CheckpointTensors(path)
-    sd = {k: ct.read(k, want.get(k) if want.get(k, torch.int8).is_floating_point else None) for k in ct.keys()}
+    sd = {k: ct.read(k, want.get(k)) for k in ct.keys()}
     tied = getattr(model.config, 'tie_word_embeddings', False)
     if tied and 'lm_head.weight' not in sd and 'model.embed_tokens.weight' in sd: sd['lm_head.weight'] = sd['model.embed_tokens.weight']
     res = model.load_state_dict(sd, strict=False, assign=True)   # the tensors just read become the parameters: no second copy

@@ -159,7 +159,7 @@ def load_frozen(path) -> nn.Module:
         raise RuntimeError(f"load_frozen({path}): checkpoint does not match {type(model).__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
     for k in sorted(want):   # base_digest's order
         src = 'model.embed_tokens.weight' if tied_head and k == 'lm_head.weight' else k
-        t = ct.read(src, want[k] if want[k].is_floating_point else None)
+        t = ct.read(src, want[k])
         _digest_update(h, k, t)
         mod_name, _, attr = k.rpartition('.')
         if mod_name in lins and attr == 'weight':   # the FP weight lives only until its codes are made
