@@ -439,7 +439,7 @@ def _args_eval(sub):
     e.add_argument('--max-tokens', type=int, help='score at most this many tokens of --data')
     e.add_argument('--lm-eval', metavar='TASKS', help='lm-evaluation-harness tasks, comma-separated: wf_shakespeare_genre, '
                    'wf_shakespeare_cloze, wf_shakespeare_next_line (offline, built in), a task YAML, a --mc style JSONL file, or a harness task name')
-    e.add_argument('--calibrate', action='store_true', help='--task: also report content-free calibrated accuracy (Zhao et al. 2021)')
+    e.add_argument('--calibrate', action='store_true', help='--task: also report calibrated accuracy: content-free (Zhao et al. 2021) and batch (prior from the test inputs)')
     e.add_argument('--num-fewshot', type=int, help='few-shot examples for --lm-eval tasks (default: the task\'s own)')
 
 # %% ../nbs/11_cli.ipynb #c1002c24

@@ -292,9 +292,8 @@ def metric_rows(results: dict) -> list[dict]:
     if 'task' in results:
         r, name = results['task'], results['task'].get('name', '')
         rows.append(row(f'task {name} acc', r['accuracy'], r['stderr'], r['n']))
-        if 'calibrated' in r:
-            c = r['calibrated']
-            rows.append(row(f'task {name} acc (calibrated)', c['accuracy'], c['stderr'], c['n']))
+        for key, what in (('calibrated', 'calibrated'), ('batch_calibrated', 'batch-calibrated')):
+            if key in r: rows.append(row(f'task {name} acc ({what})', r[key]['accuracy'], r[key]['stderr'], r[key]['n']))
     return rows
 
 # %% ../nbs/08_eval.ipynb #9861d355
@@ -342,14 +341,15 @@ def _eval_task(model, tokenizer, task, max_len, limit, batch_size, calibrate) ->
     from wf_nb.tasks import task_accuracy
     rows, tk = _task_rows(task, limit)
     r = task_accuracy(model, tokenizer, rows[:limit], tk, max_len=max_len, batch_size=batch_size, calibrate=calibrate)
-    r.pop('predictions'); r.get('calibrated', {}).pop('predictions', None); r['name'] = tk.name
+    for part in (r, r.get('calibrated', {}), r.get('batch_calibrated', {})): part.pop('predictions', None)
+    r['name'] = tk.name
     return r
 
 # %% ../nbs/08_eval.ipynb #e9a7d163
 def evaluate(path_or_model, data=None, mc=None, task=None, out_json=None, tokenizer=None, seq_len: int = 512,
              stride: int | None = None, batch_size: int = 4, max_tokens: int | None = None, limit: int | None = None,
              max_len: int = 1024, calibrate: bool = False, log=print) -> dict:
-    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task` (`calibrate`: also content-free calibrated); table + JSON."
+    "Evaluate a checkpoint/preset/model: perplexity on `data`, multiple choice `mc`, classification `task` (`calibrate`: also content-free and batch calibrated); table + JSON."
     if data is None and mc is None and task is None:
         raise ValueError("evaluate: nothing to do; give data=HELD_OUT_TEXT_OR_SHARDS, mc=CHOICES.jsonl and/or task=TASK")
     t0 = time.time()

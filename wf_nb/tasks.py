@@ -16,8 +16,9 @@ __all__ = ['DEFAULT_PROMPT', 'FOLIO_GENRES', 'GENRE_TASK', 'CONTENT_FREE', 'NEXT
            'TaskFormatError', 'read_jsonl', 'task_kind', 'ClassificationTask', 'ChoiceTask', 'encode_classification',
            'encode_chat', 'collate', 'pack', 'stack_rows', 'play_lines', 'play_passages', 'genre_splits',
            'shakespeare_genre', 'load_task', 'encode_rows', 'TaskStream', 'get_task_data', 'mean_stderr',
-           'label_logprobs', 'content_free_logprior', 'calibrate_logprobs', 'task_accuracy', 'encode_choice',
-           'next_line_items', 'shakespeare_next_line', 'answer_logprobs', 'choice_logprior', 'choice_accuracy']
+           'label_logprobs', 'content_free_logprior', 'mean_logprior', 'calibrate_logprobs', 'batch_calibrate_logprobs',
+           'task_accuracy', 'encode_choice', 'next_line_items', 'shakespeare_next_line', 'answer_logprobs',
+           'choice_logprior', 'choice_accuracy']
 
 # %% ../nbs/04a_tasks.ipynb #834ad45c
 class TaskFormatError(WFError, ValueError):
@@ -392,12 +393,19 @@ CONTENT_FREE = ('N/A', '', '[MASK]')
 def content_free_logprior(model, tokenizer, task: ClassificationTask, max_len: int = 512, batch_size: int = 8,
                           inputs=CONTENT_FREE) -> torch.Tensor:
     "`[n_labels]` log of the mean label distribution (renormalised over the labels) on content-free inputs."
-    lp = label_logprobs(model, tokenizer, [dict(text=t, label=task.labels[0]) for t in inputs], task, max_len, batch_size)
+    return mean_logprior(label_logprobs(model, tokenizer, [dict(text=t, label=task.labels[0]) for t in inputs], task, max_len, batch_size))
+
+def mean_logprior(lp: torch.Tensor) -> torch.Tensor:
+    "`[n_labels]` log of the mean of the rows' label distributions (each renormalised over the labels)."
     return lp.log_softmax(-1).exp().mean(0).log()
 
 def calibrate_logprobs(lp: torch.Tensor, logprior: torch.Tensor) -> torch.Tensor:
     "Calibrated label log-scores `log p(y|x) - log p_cf(y)` (renormalised over the labels per example)."
     return (lp.log_softmax(-1) - logprior).log_softmax(-1)
+
+def batch_calibrate_logprobs(lp: torch.Tensor) -> torch.Tensor:
+    "`calibrate_logprobs` with the prior estimated on the evaluated inputs themselves: their mean label distribution (as in Batch Calibration, Zhou et al. 2024)."
+    return calibrate_logprobs(lp, mean_logprior(lp))
 
 # %% ../nbs/04a_tasks.ipynb #9d52fa28
 def _scores(lp: torch.Tensor, gold: torch.Tensor, labels) -> dict:
@@ -419,7 +427,9 @@ def task_accuracy(model, tokenizer, examples: list[dict], task: ClassificationTa
     finally: model.train(was)
     gold = torch.tensor([task.labels.index(e['label']) for e in examples])
     r = _scores(lp, gold, task.labels)
-    if calibrate: r['calibrated'] = _scores(calibrate_logprobs(lp, prior), gold, task.labels)
+    if calibrate:
+        r['calibrated'] = _scores(calibrate_logprobs(lp, prior), gold, task.labels)
+        r['batch_calibrated'] = _scores(batch_calibrate_logprobs(lp), gold, task.labels)
     return r
 
 # %% ../nbs/04a_tasks.ipynb #2c432a3c
@@ -522,7 +532,7 @@ def choice_logprior(model, tokenizer, examples: list[dict], max_len: int = 512, 
     "`[N, n_choices]` log of each row's mean choice distribution after the content-free contexts `inputs`."
     cf = [dict(e, context=t) for t in inputs for e in examples]
     lp = answer_logprobs(model, tokenizer, cf, max_len, batch_size).view(len(inputs), len(examples), -1)
-    return lp.log_softmax(-1).exp().mean(0).log()
+    return mean_logprior(lp)
 
 # %% ../nbs/04a_tasks.ipynb #9aba638a
 def choice_accuracy(model, tokenizer, examples: list[dict], task: ChoiceTask = NEXT_LINE_TASK, max_len: int = 512,

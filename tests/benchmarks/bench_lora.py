@@ -105,8 +105,12 @@ def main(argv=None):
         t = time.time()
         with torch.autocast('cpu', dtype=torch.bfloat16):
             r = task_accuracy(load(), tok, test, task, max_len=a.seq_len, batch_size=a.eval_batch_size, calibrate=True)
-        row = dict(arm=arm, seed=seed, accuracy=r['accuracy'], stderr=r['stderr'], cal_accuracy=r['calibrated']['accuracy'], n=r['n'], **stats)
-        log(f"[{arm}] seed {seed}: acc {row['accuracy']:.3f} +- {row['stderr']:.3f}, calibrated {row['cal_accuracy']:.3f} (eval {time.time() - t:.0f}s)")
+        row = dict(arm=arm, seed=seed, accuracy=r['accuracy'], stderr=r['stderr'], cal_accuracy=r['calibrated']['accuracy'], n=r['n'],
+                   bcal_accuracy=r['batch_calibrated']['accuracy'] if 'batch_calibrated' in r else None,   # classification tasks only
+                   predicted={l: r['predictions'].count(l) for l in task.labels}, **stats)   # a label preference shows here
+        bcal = '' if row['bcal_accuracy'] is None else f", batch-calibrated {row['bcal_accuracy']:.3f}"
+        log(f"[{arm}] seed {seed}: acc {row['accuracy']:.3f} +- {row['stderr']:.3f}, calibrated {row['cal_accuracy']:.3f}{bcal}, "
+            f"predicted {row['predicted']} (eval {time.time() - t:.0f}s)")
         results.append(row)
 
     for seed in a.seeds:
@@ -181,16 +185,20 @@ def table(results, a) -> str:
     out = [f"\n{MODEL} on {TASK}, {a.steps} steps x {a.batch_size} x {a.seq_len}, teacher {a.teacher_steps} steps, seeds {a.seeds}, "
            f"test n = {results[0]['n'] if results else 0}, {a.precision}, gamma_attn {a.gamma if a.gamma is not None else 'default (1e5)'}"
            f"{(', ' + ' '.join(a.distill)) if a.distill else ''}\n",
-           '| arm | seeds | accuracy | calibrated | trainable share | peak train memory (MB) | vs full Stage 3 | s / step |', '|---|---|---|---|---|---|---|---|']
+           '| arm | seeds | accuracy | calibrated | batch-calibrated | predicted (per label, summed over seeds) | trainable share '
+           '| peak train memory (MB) | vs full Stage 3 | s / step |', '|---|---|---|---|---|---|---|---|---|---|']
     for m in arms:
         rs = [r for r in results if r['arm'] == m]
         mem = [r['peak_mem_mb'] for r in rs if 'peak_mem_mb' in r]
         sp = [r['s_per_step'] for r in rs if 's_per_step' in r]
         sh_ = [r['trainable_share'] for r in rs if 'trainable_share' in r]
-        out.append(f"| {m} | {len(rs)} | {ms([r['accuracy'] for r in rs])} | {ms([r['cal_accuracy'] for r in rs])} | "
+        bc = [r['bcal_accuracy'] for r in rs if r.get('bcal_accuracy') is not None]
+        pr = [r['predicted'] for r in rs if r.get('predicted')]
+        pr = ' / '.join(f'{l} {sum(p[l] for p in pr)}' for l in pr[0]) if pr else ''
+        out.append(f"| {m} | {len(rs)} | {ms([r['accuracy'] for r in rs])} | {ms([r['cal_accuracy'] for r in rs])} | {ms(bc)} | {pr} | "
                    f"{f'{sh_[0]:.2%}' if sh_ else ''} | {f'{st.mean(mem):.0f}' if mem else ''} | "
                    f"{f'{st.mean(mem) / mem_d:.2f}x' if mem and mem_d else ''} | {f'{st.median(sp):.2f}' if sp else ''} |")
-    by = lambda p: {r['seed']: r['accuracy'] for r in results if r['arm'].startswith(p)}
+    by = lambda p, key='accuracy': {r['seed']: r[key] for r in results if r['arm'].startswith(p) and r.get(key) is not None}
     c, d, e, f, g, z = (by(p) for p in ('(c)', '(d)', '(e)', '(f)', '(g)', '(z)'))
     def recovered(what, lora, full, base, target=''):
         seeds = sorted(set(lora) & set(full) & set(base))
@@ -203,6 +211,8 @@ def table(results, a) -> str:
         rec = [(lora[s] - base[s]) / (full[s] - base[s]) if full[s] != base[s] else float('nan') for s in seeds]
         out.append(f"\n{what} recovers {st.mean(rec):.0%} (per seed {', '.join(f'{x:.0%}' for x in rec)}){target}")
     recovered("LoRA BitDistill (f) of full BitDistill's (d) gain over direct ternary SFT (c)", f, d, c, '; target >= 80%')
+    for key, what in (('cal_accuracy', 'content-free calibrated'), ('bcal_accuracy', 'batch-calibrated')):   # the same, without label preference
+        recovered(f"  {what}: (f) of (d)'s gain over (c)", *(by(p, key) for p in ('(f)', '(d)', '(c)')))
     z0 = {s: next(iter(z.values())) for s in e} if z else {}   # START's zero-shot accuracy does not depend on the seed
     recovered("LoRA SFT (g) of full SFT's (e) gain over START zero-shot (z)", g, e, z0)
     return '\n'.join(out)
