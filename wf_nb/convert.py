@@ -21,8 +21,9 @@ from .quant import BitLinear, FusedSubLN, fuse_subln, fuse_input_norm, bitlinear
 # %% auto #0
 __all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'BITNET_INPUT_NORMS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config',
            'WFQwen3ForCausalLM', 'WFBitNetConfig', 'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG',
-           'ternarize_', 'convert', 'calibrate_sublns', 'save_model', 'CheckpointTensors', 'model_skeleton', 'load',
-           'heldout_ids', 'calibration_ids', 'compare_logits', 'conversion_report', 'run_stage1']
+           'ternarize_', 'convert', 'calibrate_sublns', 'save_model', 'CheckpointTensors', 'checkpoint_config',
+           'empty_model', 'model_skeleton', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits',
+           'conversion_report', 'run_stage1']
 
 # %% ../nbs/03_convert.ipynb #9ee5e681
 SUBLN_ALLNORM_EPS = 1e-8
@@ -239,23 +240,32 @@ class CheckpointTensors:
         return t.to(dtype if dtype is not None and dtype.is_floating_point else t.dtype, copy=True)
 
 # %% ../nbs/03_convert.ipynb #f711f618
-def model_skeleton(path, dtype=None) -> nn.Module:
-    "The model `path/config.json` describes, as `load` returns it (wf_nb BitLinears, the recorded lambda), its parameters on the meta device."
-    from accelerate import init_empty_weights
+def checkpoint_config(path, dtype=None) -> tuple:
+    "`(config, quantization_config, dtype)` of the checkpoint `path`: its `config.json` as a transformers config (wf_nb's classes registered), the `quantization_config` it carried (`{}` if none), `dtype` or else the recorded dtype."
     path = Path(path)
     if not (path/'config.json').exists(): raise FileNotFoundError(f"{path} has no config.json: not a model checkpoint")
     cj = json.loads((path/'config.json').read_text())
-    cj.pop('quantization_config', None)
-    mt = cj.pop('model_type', None)
+    qc = cj.pop('quantization_config', None) or {}
+    mt = cj.pop('model_type', None); cj.pop('transformers_version', None)
+    if mt is None: raise ValueError(f"{path}/config.json has no model_type")
     if str(mt).startswith('wf_'):
         from transformers import CONFIG_MAPPING
         if mt not in CONFIG_MAPPING: import wf_nb.models  # registers the from-scratch classes (wf_moe, wf_fft) with Auto*
-    if mt is None: raise ValueError(f"{path}/config.json has no model_type")
-    cfg = AutoConfig.for_model(mt, **{k: v for k, v in cj.items() if k not in ('transformers_version',)})
-    dtype = dtype or getattr(torch, str(cj.get('dtype') or cj.get('torch_dtype') or 'float32').replace('torch.', ''))
+    try: cfg = AutoConfig.for_model(mt, **cj)
+    except ValueError as e: raise ValueError(f"{path}/config.json: model_type {mt!r} is unknown to transformers and wf_nb ({e})") from e
+    return cfg, qc, dtype or getattr(torch, str(cj.get('dtype') or cj.get('torch_dtype') or 'float32').replace('torch.', ''))
+
+def empty_model(config, dtype) -> nn.Module:
+    "`config`'s model with its parameters on the meta device: no memory, no random init (nor a move of the caller's RNG); buffers (RoPE's frequencies) are real."
+    from accelerate import init_empty_weights
     with torch.random.fork_rng(devices=[]), init_empty_weights(include_buffers=False):   # every weight comes from the file
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    if mt == 'bitnet': ternarize_(model, 'paper', bitnet_native=True)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+def model_skeleton(path, dtype=None) -> nn.Module:
+    "The model `path/config.json` describes, as `load` returns it (wf_nb BitLinears, the recorded lambda), its parameters on the meta device."
+    cfg, _, dtype = checkpoint_config(path, dtype)
+    model = empty_model(cfg, dtype)
+    if cfg.model_type == 'bitnet': ternarize_(model, 'paper', bitnet_native=True)
     if getattr(cfg, 'wf_quant', None): set_lambda(model, quant_state(model)['lambda'])   # e.g. an FP control arm at 0
     return model
 

@@ -8,7 +8,7 @@ import copy, functools, json, os, shutil, tempfile, time, warnings
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from fastcore.basics import patch
-from safetensors.torch import save_file, load_file
+from safetensors.torch import save_file
 from .errors import WFError
 from .kernels import PackedBitLinear, act_codes
 from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch, q8_head, cpu_ext_reason
@@ -153,10 +153,6 @@ def _save_packed(pmodel, out: Path, fmt: str, tokenizer=None, dtype=None, overwr
     return _atomic_write(Path(out), write, overwrite)
 
 # %% ../nbs/03a_export.ipynb #afb7e3a9
-def _register_wf_classes():
-    "Importing these registers wf_nb's model classes (SubLN Llama/Qwen3, wf_moe, wf_fft) with transformers' Auto*."
-    import wf_nb.convert, wf_nb.models  # noqa: F401
-
 def is_packed_dir(path) -> bool:
     "Does `path` hold a packed checkpoint (wf_nb's, or an offline HF-BitNet one)?"
     p = Path(path)
@@ -167,39 +163,21 @@ def is_packed_dir(path) -> bool:
         and qc.get('linear_class', 'bitlinear') == 'bitlinear'
 
 # %% ../nbs/03a_export.ipynb #2cc34fe0
-def _read_state(p: Path) -> dict:
-    files = sorted(p.glob('*.safetensors'))
-    if not files: raise ExportError(f"{p}: no *.safetensors weights")
-    sd = {}
-    for f in files: sd.update(load_file(str(f)))
-    return sd
-
-# %% ../nbs/03a_export.ipynb #2b30e755
 def _model_from_config(p: Path, dtype=None) -> tuple:
     "(model with its parameters on the meta device, its config, the `quantization_config` dict, the dtype) from `p/config.json`."
-    from transformers import AutoConfig, AutoModelForCausalLM
-    cfgd = json.loads((p / 'config.json').read_text())
-    qc = cfgd.pop('quantization_config', None) or {}
-    _register_wf_classes()
-    mt = cfgd.pop('model_type', None)
-    cfgd.pop('transformers_version', None)
-    try: config = AutoConfig.for_model(mt, **cfgd)
-    except ValueError as e:
-        raise ExportError(f"{p}: model_type {mt!r} is unknown to transformers and wf_nb ({e})") from e
-    dt = dtype or getattr(torch, str(cfgd.get('dtype') or cfgd.get('torch_dtype') or 'float32').replace('torch.', ''))
-    from accelerate import init_empty_weights
-    with torch.random.fork_rng(devices=[]), init_empty_weights(include_buffers=False):   # buffers (RoPE) are computed as usual
-        model = AutoModelForCausalLM.from_config(config, dtype=dt)
-    return model, config, qc, dt
+    from wf_nb.convert import checkpoint_config, empty_model
+    try: config, qc, dt = checkpoint_config(p, dtype)
+    except (FileNotFoundError, ValueError) as e: raise ExportError(str(e)) from e
+    return empty_model(config, dt), config, qc, dt
 
-# %% ../nbs/03a_export.ipynb #a321c465
-def _materialize(model: nn.Module) -> nn.Module:
-    "Every parameter still on the meta device -> empty CPU storage of its shape and dtype (filled by the state dict next)."
-    for mod in model.modules():
-        for n, prm in list(mod.named_parameters(recurse=False)):
-            if prm.is_meta: mod.register_parameter(n, nn.Parameter(torch.empty_like(prm, device='cpu'), prm.requires_grad))
-    return model
-
+# %% ../nbs/03a_export.ipynb #2b30e755
+def _read_into(model: nn.Module, p: Path) -> tuple[list, list]:
+    "Load `p`'s tensors into `model` one at a time, each becoming the parameter or buffer (cast to the model's float dtype): `(missing, unexpected)` keys."
+    from wf_nb.convert import CheckpointTensors
+    want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
+    try: ct = CheckpointTensors(p)
+    except (FileNotFoundError, ValueError) as e: raise ExportError(f"{p}: {e}") from e
+    return model.load_state_dict({k: ct.read(k, want.get(k)) for k in ct.keys()}, strict=False, assign=True)
 
 # %% ../nbs/03a_export.ipynb #0a4a0b73
 def _hf_bitnet_specs(model, config, qc: dict) -> tuple[dict, list]:
@@ -223,9 +201,7 @@ def load_packed(path, dtype=None, fast: bool = True, head: str = 'exact') -> nn.
     if meta is not None: specs, tied = meta['modules'], meta.get('tied', [])
     else: specs, tied = _hf_bitnet_specs(model, config, qc)
     for n, s in specs.items(): model.set_submodule(n, PackedBitLinear(dtype=dt, **s))
-    _materialize(model)   # what stays dense; a parameter the checkpoint lacks (and is not tied) is refused below
-    sd = _read_state(p)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing, unexpected = _read_into(model, p)   # a parameter the checkpoint lacks (and is not tied) stays on meta: refused here
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise ExportError(f"{p}: checkpoint does not match the rebuilt model: missing {missing[:5]}, "
