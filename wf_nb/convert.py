@@ -22,7 +22,7 @@ from .quant import BitLinear, FusedSubLN, fuse_subln, fuse_input_norm, bitlinear
 __all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'BITNET_INPUT_NORMS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config',
            'WFQwen3ForCausalLM', 'WFBitNetConfig', 'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG',
            'ternarize_', 'convert', 'calibrate_sublns', 'save_model', 'CheckpointTensors', 'checkpoint_config',
-           'empty_model', 'model_skeleton', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits',
+           'empty_model', 'model_skeleton', 'read_into', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits',
            'conversion_report', 'run_stage1']
 
 # %% ../nbs/03_convert.ipynb #9ee5e681
@@ -269,18 +269,21 @@ def model_skeleton(path, dtype=None) -> nn.Module:
     if getattr(cfg, 'wf_quant', None): set_lambda(model, quant_state(model)['lambda'])   # e.g. an FP control arm at 0
     return model
 
+def read_into(model: nn.Module, path):
+    "Load checkpoint `path`'s tensors into `model` (e.g. a `model_skeleton`) one at a time, each becoming the parameter or buffer itself, cast to the model's floating dtype: torch's `(missing_keys, unexpected_keys)`."
+    want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
+    ct = CheckpointTensors(path)
+    return model.load_state_dict({k: ct.read(k, want.get(k)) for k in ct.keys()}, strict=False, assign=True)   # no second copy
+
 def load(path, dtype=None) -> nn.Module:
     "Any checkpoint wf_nb wrote (or a plain FP HF dir) -> the model as wf_nb trains it, loaded strictly, its weights in memory once."
     model = model_skeleton(path, dtype)
-    want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
-    ct = CheckpointTensors(path)
-    sd = {k: ct.read(k, want.get(k)) for k in ct.keys()}
+    res = read_into(model, path)
     tied = getattr(model.config, 'tie_word_embeddings', False)
-    if tied and 'lm_head.weight' not in sd and 'model.embed_tokens.weight' in sd: sd['lm_head.weight'] = sd['model.embed_tokens.weight']
-    res = model.load_state_dict(sd, strict=False, assign=True)   # the tensors just read become the parameters: no second copy
-    if res.missing_keys or res.unexpected_keys:
+    missing = [k for k in res.missing_keys if not (tied and k == 'lm_head.weight')]   # a tied head is not saved: re-tied below
+    if missing or res.unexpected_keys:
         raise RuntimeError(f"load({path}): checkpoint does not match {type(model).__name__}: "
-                           f"missing {res.missing_keys[:8]}, unexpected {res.unexpected_keys[:8]}")
+                           f"missing {missing[:8]}, unexpected {res.unexpected_keys[:8]}")
     if tied: model.tie_weights()
     return model.eval()
 

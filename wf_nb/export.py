@@ -172,12 +172,10 @@ def _model_from_config(p: Path, dtype=None) -> tuple:
 
 # %% ../nbs/03a_export.ipynb #2b30e755
 def _read_into(model: nn.Module, p: Path) -> tuple[list, list]:
-    "Load `p`'s tensors into `model` one at a time, each becoming the parameter or buffer (cast to the model's float dtype): `(missing, unexpected)` keys."
-    from wf_nb.convert import CheckpointTensors
-    want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
-    try: ct = CheckpointTensors(p)
+    "`wf_nb.convert.read_into`, a missing or damaged weight file reported as an `ExportError`."
+    from wf_nb.convert import read_into
+    try: return read_into(model, p)
     except (FileNotFoundError, ValueError) as e: raise ExportError(f"{p}: {e}") from e
-    return model.load_state_dict({k: ct.read(k, want.get(k)) for k in ct.keys()}, strict=False, assign=True)
 
 # %% ../nbs/03a_export.ipynb #0a4a0b73
 def _hf_bitnet_specs(model, config, qc: dict) -> tuple[dict, list]:
