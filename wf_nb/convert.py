@@ -261,6 +261,7 @@ def empty_model(config, dtype) -> nn.Module:
     with torch.random.fork_rng(devices=[]), init_empty_weights(include_buffers=False):   # every weight comes from the file
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
+# %% ../nbs/03_convert.ipynb #ca633ece
 def model_skeleton(path, dtype=None) -> nn.Module:
     "The model `path/config.json` describes, as `load` returns it (wf_nb BitLinears, the recorded lambda), its parameters on the meta device."
     cfg, _, dtype = checkpoint_config(path, dtype)
@@ -269,6 +270,7 @@ def model_skeleton(path, dtype=None) -> nn.Module:
     if getattr(cfg, 'wf_quant', None): set_lambda(model, quant_state(model)['lambda'])   # e.g. an FP control arm at 0
     return model
 
+# %% ../nbs/03_convert.ipynb #7da8374d
 def read_into(model: nn.Module, path):
     "Load checkpoint `path`'s tensors into `model` (e.g. a `model_skeleton`) one at a time, each becoming the parameter or buffer itself, cast to the model's floating dtype: torch's `(missing_keys, unexpected_keys)`."
     want = {k: v.dtype for k, v in model.state_dict(keep_vars=True).items()}
