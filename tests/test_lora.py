@@ -71,6 +71,26 @@ def test_stage3_lora_trains_saves_and_resumes(bases):
     with pytest.raises(ValueError, match='another base'): load_adapter(bases/'s1_other', out)
 
 
+def test_loraplus_trains_b_at_its_ratio_and_resumes(bases):
+    "peft.loraplus_ratio=16 (LoRA+): the checkpointed optimizer holds every lora_B at 16x lora_A's lr, and resumes exactly."
+    from wf_nb.stages import run_stage
+    from wf_nb.registry import Run
+    runs, quiet = bases/'runs_loraplus', (lambda *a, **k: None)
+    res = run_stage(_cfg(bases, 'peft.loraplus_ratio=16'), runs, log=quiet)
+    run, out = Run(Path(res['run_dir'])), Path(res['output'])
+    osd = torch.load(run.dir/'checkpoints'/'step_00000002'/'optimizer.pt', weights_only=True)
+    lr_of = lambda kind: {g['lr'] for g in osd['param_groups'] for n in g['params'] if kind in n}
+    (lr_a,), (lr_b,) = lr_of('lora_A'), lr_of('lora_B')                              # one lr per kind of matrix
+    assert lr_b == pytest.approx(16 * lr_a) and lr_a > 0
+    final = load_file(str(out/'adapter_model.safetensors'))
+    shutil.rmtree(run.dir/'checkpoints'/'step_00000004'); shutil.rmtree(out)
+    run.update(status='INTERRUPTED')
+    again = load_file(str(Path(run_stage(_cfg(bases, 'peft.loraplus_ratio=16'), runs, log=quiet)['output'])/'adapter_model.safetensors'))
+    assert all(torch.allclose(again[k], final[k], atol=1e-6) for k in final)
+    from wf_nb.config import get_config, ConfigError
+    with pytest.raises(ConfigError, match='loraplus_ratio'): get_config(['peft.loraplus_ratio=0.5'])
+
+
 def test_lora_needs_a_ternary_base(bases):
     from wf_nb.stages import run_stage
     from wf_nb.config import get_config

@@ -127,6 +127,7 @@ class PeftConfig:
     r: int = 16                         # LoRA rank
     alpha: float = 32.0                 # LoRA scaling alpha (the update is alpha/r * B @ A)
     dropout: float = 0.0                # dropout on the adapter's input
+    loraplus_ratio: float = 1.0         # LoRA+ (arXiv 2402.12354): the B matrices' lr / the A matrices' lr (training.lr); 1: plain LoRA
     targets: str = 'q,k,v,o,gate,up,down'   # comma-separated projections: q, k, v, o, gate, up, down
     input: str = 'float'                # what the adapter reads: float (the layer's input, as stock PEFT/llama.cpp) | quant (the int8-quantized input the base multiplies)
     checkpointing: bool = True          # recompute the frozen blocks' activations in the backward (activation checkpointing): the adapter run's peak memory
@@ -327,7 +328,8 @@ RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'model.hidden_size': (1, None, True, True), 'model.num_layers': (1, None, True, True), 'model.vocab_size': (1, None, True, True),
     'quant.warmup_steps': (0, None, True, True), 'distill.saliency_top': (0, 1, False, True),
     'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True),
-    'peft.r': (1, None, True, True), 'peft.alpha': (0, None, False, True), 'peft.dropout': (0, 1, True, False)}
+    'peft.r': (1, None, True, True), 'peft.alpha': (0, None, False, True), 'peft.dropout': (0, 1, True, False),
+    'peft.loraplus_ratio': (1, None, True, True)}
 
 # %% ../nbs/00a_config.ipynb #56a0357b
 def check_ranges(cfg, ranges=RANGES):

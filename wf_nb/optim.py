@@ -38,10 +38,24 @@ def _sgd(model, t): return torch.optim.SGD(param_groups(model, t.weight_decay), 
 # %% ../nbs/05d_optim.ipynb #a34074e4
 OPTIMIZERS: dict[str, Callable] = {'adamw': _adamw, 'muon': _muon, 'sgd': _sgd}
 
-def build_optimizer(model: nn.Module, t) -> torch.optim.Optimizer:
-    "The optimizer named by `t.optimizer` (a `TrainingConfig`), from `OPTIMIZERS`."
+def build_optimizer(model: nn.Module, t, loraplus_ratio: float = 1.0) -> torch.optim.Optimizer:
+    "The optimizer named by `t.optimizer` (a `TrainingConfig`), from `OPTIMIZERS`; LoRA+ groups when `loraplus_ratio != 1`."
     if t.optimizer not in OPTIMIZERS: raise ValueError(f"unknown optimizer {t.optimizer!r}; registered: {', '.join(OPTIMIZERS)}")
+    if loraplus_ratio != 1: return _loraplus(model, t, loraplus_ratio)
     return OPTIMIZERS[t.optimizer](model, t)
+
+
+# %% ../nbs/05d_optim.ipynb #7c1f0a53
+def _loraplus(model: nn.Module, t, ratio: float) -> torch.optim.Optimizer:
+    "LoRA+: PEFT's parameter groups (B at `ratio * t.lr`) on AdamW or SGD."
+    from peft.optimizers import create_loraplus_optimizer
+    kw = {'adamw': dict(betas=(t.beta1, t.beta2), eps=t.eps), 'sgd': dict(momentum=t.beta1)}.get(t.optimizer)
+    if kw is None: raise ValueError(f"peft.loraplus_ratio={ratio} needs training.optimizer=adamw or sgd, not {t.optimizer!r}")
+    cls = torch.optim.AdamW if t.optimizer == 'adamw' else torch.optim.SGD
+    opt = create_loraplus_optimizer(model, cls, lr=t.lr, loraplus_lr_ratio=ratio, loraplus_weight_decay=t.weight_decay, **kw)
+    opt.param_groups = [g for g in opt.param_groups if g['params']]   # its unused groups: resume (torch DSD) refuses them
+    return opt
+
 
 # %% ../nbs/05d_optim.ipynb #80bf469d
 def lr_factor(step: int, max_steps: int, schedule='cosine', warmup_steps=0, min_lr_ratio=0.1, decay_ratio=0.2) -> float:

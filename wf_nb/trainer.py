@@ -59,12 +59,13 @@ def _prepare(self: Trainer, model: nn.Module):
     self.sharded = cfg.distributed.strategy == 'fsdp' and self.acc.num_processes > 1
     check_sharding(cfg, self.sharded)
     from accelerate.utils import DistributedType
+    ratio = cfg.peft.loraplus_ratio if cfg.peft.method else 1.0   # LoRA+: the adapters' B matrices at ratio x lr
     if self.sharded and self.acc.distributed_type != DistributedType.FSDP:
         # accelerate shards with FSDP2 on GPUs only; on CPU processes shard here, with the same per-block wrapping
         self.model = shard_model(model.to(self.acc.device))
-        self.optimizer = self.acc.prepare_optimizer(build_optimizer(self.model, self.t))
+        self.optimizer = self.acc.prepare_optimizer(build_optimizer(self.model, self.t, ratio))
     else:
-        self.optimizer = build_optimizer(model, self.t)
+        self.optimizer = build_optimizer(model, self.t, ratio)
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
     self.base_lrs = [g['lr'] for g in self.optimizer.param_groups]
 
