@@ -63,6 +63,8 @@ def main(argv=None):
     ap.add_argument('--r', type=int, default=8); ap.add_argument('--alpha', type=float, default=16)   # r = 8: 1.78% trainable (< 2%)
     ap.add_argument('--targets', default='q,k,v,o,gate,up,down')
     ap.add_argument('--loraplus', type=float, default=1.0, help='peft.loraplus_ratio of the LoRA arms (LoRA+: B at this x --lr-lora; 1: plain LoRA)')
+    ap.add_argument('--no-checkpointing', action='store_true', help='peft.checkpointing=false in the LoRA arms: faster steps, '
+                    'the same gradients (nbs/06f_lora.ipynb), more memory (so their peak_mem_mb is not the memory target\'s)')
     ap.add_argument('--precision', default='fp32', choices=['fp32', 'bf16'])
     ap.add_argument('--seeds', type=int, nargs='+', default=[0])
     ap.add_argument('--start', default=None, help='Stages 1.9 + 2 output: the start of (d) and (f) (default: Stage 1)')
@@ -127,7 +129,8 @@ def main(argv=None):
             re_ = run_arm(a, '(e)', 'sft', [sd, f'training.lr={a.lr}', f'training.checkpoint_path={start}'],
                           {'training.lr': a.lr, 'training.checkpoint_path': str(start), 'peft.method': '', **sk}, log)
             evaluate('(e) ternary SFT from START (full, no teacher)', seed, lambda: wf_nb.load(output_of(re_)), train_stats(re_))
-        lora = ['peft.method=lora', f'peft.r={a.r}', f'peft.alpha={a.alpha}', f'peft.targets={a.targets}', f'peft.loraplus_ratio={a.loraplus}']
+        lora = ['peft.method=lora', f'peft.r={a.r}', f'peft.alpha={a.alpha}', f'peft.targets={a.targets}', f'peft.loraplus_ratio={a.loraplus}',
+                *(['peft.checkpointing=false'] if a.no_checkpointing else [])]   # not matched: the result is the same
         mlora = {'training.lr': a.lr_lora, 'peft.method': 'lora', 'peft.r': a.r, 'peft.alpha': a.alpha, 'peft.targets': a.targets,
                  'peft.loraplus_ratio': a.loraplus}
         if 'z' in a.arms and seed == a.seeds[0]:   # no training, so one seed
