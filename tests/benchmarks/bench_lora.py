@@ -79,7 +79,8 @@ def main(argv=None):
     ap.add_argument('--eval-batch-size', type=int, default=16)
     ap.add_argument('--runs-dir', default=os.environ.get('WF_RUNS_DIR', 'runs'))
     ap.add_argument('--hf-check', action='store_true', help='also load the hf-bitnet export of START + the adapter in transformers + PEFT')
-    ap.add_argument('--json', default=None)
+    ap.add_argument('--no-merged', action='store_true', help="skip (f'), the merged + re-quantized adapter's eval")
+    ap.add_argument('--json', default=None, help='results so far, rewritten after every evaluated arm')
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama: a quick smoke test of this script)')
     a = ap.parse_args(argv)
     pin_commit(a.runs_dir)   # an interrupted arm resumes after later commits
@@ -115,12 +116,17 @@ def main(argv=None):
         log(f"[{arm}] seed {seed}: acc {row['accuracy']:.3f} +- {row['stderr']:.3f}, calibrated {row['cal_accuracy']:.3f}{bcal}, "
             f"predicted {row['predicted']} (eval {time.time() - t:.0f}s)")
         results.append(row)
+        if a.json:   # after every arm, so a run stopped later keeps what it measured
+            from wf_nb.io import write_json
+            write_json(a.json, dict(args=vars(a), results=results), indent=1)
 
     for seed in a.seeds:
         sd, sk = f'training.seed={seed}', {'training.seed': seed}
-        rb = run_arm(a, '(b) FP-SFT', 'sft', [sd, f'training.lr={a.lr}'], {'steps': a.teacher_steps, 'training.lr': a.lr,
-                     'training.checkpoint_path': '', 'peft.method': '', **sk}, log)
-        teacher = output_of(rb)
+        teacher = None
+        if set(a.arms) & set('df'):   # only distillation needs the teacher, so (c), (e), (g) can run beside its training
+            rb = run_arm(a, '(b) FP-SFT', 'sft', [sd, f'training.lr={a.lr}'], {'steps': a.teacher_steps, 'training.lr': a.lr,
+                         'training.checkpoint_path': '', 'peft.method': '', **sk}, log)
+            teacher = output_of(rb)
         if 'c' in a.arms:
             rc = run_arm(a, '(c)', 'sft', [sd, f'training.lr={a.lr}', f'training.checkpoint_path={s1}'],
                          {'training.lr': a.lr, 'training.checkpoint_path': str(s1), 'peft.method': '', **sk}, log)
@@ -154,7 +160,8 @@ def main(argv=None):
             rf = run_arm(a, '(f)', '3', [*common3, f'training.lr={a.lr_lora}', *lora], {**m3, **mlora}, log)
             stats = train_stats(rf)
             evaluate(f'(f) LoRA BitDistill (r={a.r})', seed, lambda: load_adapter(start, output_of(rf)), stats)
-            evaluate("(f') LoRA merged + re-quantized", seed, lambda: merge_requantize(load_adapter(start, output_of(rf))), {})
+            if not a.no_merged:
+                evaluate("(f') LoRA merged + re-quantized", seed, lambda: merge_requantize(load_adapter(start, output_of(rf))), {})
             last = (start, output_of(rf))
 
     print(table(results, a), flush=True)
@@ -162,9 +169,6 @@ def main(argv=None):
         try: hf_check(*last, tok, log)
         except Exception as e: log(f"hf check failed: {type(e).__name__}: {e}")
     log(f"wall time {time.time() - t0:.0f}s")
-    if a.json:
-        from wf_nb.io import write_json
-        write_json(a.json, dict(args=vars(a), results=results), indent=1)
 
 
 def hf_check(start, adapter, tok, log) -> float:
