@@ -383,6 +383,9 @@ def _check_peft(cfg: WFConfig):
     bad = [t for t in cfg.peft.targets.split(',') if t.strip() not in PEFT_TARGETS]
     if cfg.peft.method and (bad or not cfg.peft.targets.strip()):
         raise ConfigError(f"peft.targets={cfg.peft.targets!r}: {bad or 'empty'}; valid: a comma-separated list of {', '.join(PEFT_TARGETS)}")
+    if cfg.peft.method and cfg.peft.loraplus_ratio != 1 and cfg.training.optimizer not in ('adamw', 'sgd'):   # the ones LoRA+ groups (05d_optim)
+        raise ConfigError(f"peft.loraplus_ratio={cfg.peft.loraplus_ratio} needs training.optimizer=adamw or sgd, not "
+                          f"{cfg.training.optimizer!r}: set one of them, or peft.loraplus_ratio=1 (plain LoRA)")
 
 # %% ../nbs/00a_config.ipynb #1e2d1d9d
 def validate(cfg: WFConfig) -> WFConfig:
