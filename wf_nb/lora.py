@@ -17,7 +17,7 @@ from .io import atomic_dir
 __all__ = ['TARGET_MODULES', 'NOT_TERNARY', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear',
            'LoraBitLinear', 'lora_config', 'base_digest', 'freeze_base', 'load_frozen', 'checkpoint_blocks',
            'compact_heap', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter',
-           'hf_peft_model', 'merge_requantize', 'export_lora_gguf']
+           'hf_peft_model', 'nearest_ternary', 'merge_requantize', 'export_lora_gguf']
 
 # %% ../nbs/06f_lora.ipynb #a1deef94
 class FrozenBitLinear(nn.Module):
@@ -281,12 +281,26 @@ def hf_peft_model(export_dir, adapter_dir, dtype=torch.float32):
         return PeftModel.from_pretrained(model, str(adapter_dir), config=lc).eval()
 
 # %% ../nbs/06f_lora.ipynb #25a13cb6
-def _merged_bitlinear(base: FrozenBitLinear, w: torch.Tensor) -> BitLinear:
-    "A BitLinear (lam = 1) with latent weight `w` and `base`'s bias, activation bits and fused norm."
-    norm = base.rms_norm
+@torch.no_grad()
+def nearest_ternary(w: torch.Tensor, scale: float, iters: int = 20) -> tuple[torch.Tensor, float]:
+    "Codes `Q` (int8 in {-1,0,1}) and `a` with `a Q` nearest `w` in Frobenius norm, alternating from `a = 1/scale`."
+    a, w = 1.0 / float(scale), w.float()
+    for _ in range(iters):   # each half-step lowers |w - a Q|: Q is the nearest level given a, a the least-squares scale given Q
+        q = (w / a).round().clamp(-1, 1)
+        n = float(q.abs().sum())
+        if n == 0: break
+        a, a_old = float((w * q).sum()) / n, a
+        if a == a_old: break
+    return q.to(torch.int8), a
+
+# %% ../nbs/06f_lora.ipynb #5b1f0c7e
+@torch.no_grad()
+def _merged_bitlinear(base: FrozenBitLinear, codes: torch.Tensor, a: float) -> BitLinear:
+    "A BitLinear (lam = 1) that quantizes to exactly `a * codes`, with `base`'s bias, activation bits and fused norm."
+    norm, p = base.rms_norm, float(codes.abs().float().mean())
     lin = BitLinear(base.in_features, base.out_features, bias=base.bias is not None, act_bits=base.act_bits,
-                    norm_eps=None if norm is None else norm.variance_epsilon, device=w.device, dtype=base.dequantized().dtype)
-    lin.weight.copy_(w)
+                    norm_eps=None if norm is None else norm.variance_epsilon, device=codes.device, dtype=torch.float32)
+    lin.weight.copy_(codes.float() * (a / p) if p else torch.zeros_like(lin.weight))   # absmean a, so it rounds to codes
     if base.bias is not None: lin.bias.copy_(base.bias)
     if norm is not None: lin.rms_norm.weight.copy_(norm.weight)
     return lin
@@ -294,7 +308,7 @@ def _merged_bitlinear(base: FrozenBitLinear, w: torch.Tensor) -> BitLinear:
 # %% ../nbs/06f_lora.ipynb #7fee5416
 @torch.no_grad()
 def merge_requantize(model: nn.Module) -> nn.Module:
-    "Fold each adapter into its layer and re-quantize: every `LoraBitLinear` (and bare `FrozenBitLinear`) -> a BitLinear at lam = 1 (in place)."
+    "Fold each adapter into its layer, re-quantized to the nearest ternary weight: every `LoraBitLinear` (and bare `FrozenBitLinear`) -> a BitLinear (in place)."
     for n, mod in list(model.named_modules()):
         if isinstance(mod, LoraBitLinear):
             base = mod.get_base_layer()
@@ -303,7 +317,7 @@ def merge_requantize(model: nn.Module) -> nn.Module:
                 if a in mod.lora_A: w += mod.scaling[a] * (mod.lora_B[a].weight.float() @ mod.lora_A[a].weight.float())
         elif isinstance(mod, FrozenBitLinear) and not n.endswith('base_layer'): base, w = mod, mod.dequantized()
         else: continue
-        model.set_submodule(n, _merged_bitlinear(base, w))
+        model.set_submodule(n, _merged_bitlinear(base, *nearest_ternary(w, float(base.weight_scale))))
     for attr in ('wf_peft', 'wf_base_digest', 'wf_checkpoint_keys'):
         if hasattr(model, attr): delattr(model, attr)
     return model
