@@ -17,7 +17,7 @@ from .io import atomic_dir
 __all__ = ['TARGET_MODULES', 'NOT_TERNARY', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear',
            'LoraBitLinear', 'lora_config', 'base_digest', 'freeze_base', 'load_frozen', 'checkpoint_blocks',
            'compact_heap', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter',
-           'hf_peft_model', 'nearest_ternary', 'merge_requantize', 'export_lora_gguf']
+           'hf_peft_model', 'nearest_ternary', 'gptq_ternary', 'input_hessians', 'merge_requantize', 'export_lora_gguf']
 
 # %% ../nbs/06f_lora.ipynb #a1deef94
 class FrozenBitLinear(nn.Module):
@@ -305,10 +305,62 @@ def _merged_bitlinear(base: FrozenBitLinear, codes: torch.Tensor, a: float) -> B
     if norm is not None: lin.rms_norm.weight.copy_(norm.weight)
     return lin
 
+# %% ../nbs/06f_lora.ipynb #b2d5f7a1
+@torch.no_grad()
+def gptq_ternary(w: torch.Tensor, h: torch.Tensor, a: float, damp: float = 0.01, block: int = 128) -> torch.Tensor:
+    "Ternary codes `Q` (int8) for `w` [out, in] at scale `a`, rounded column by column with GPTQ's error feedback through `h = X X^T`."
+    with torch.autocast(w.device.type, enabled=False): return _gptq_ternary(w.float().clone(), _inv_hessian_chol(h.float(), damp), a, block)
+
+def _inv_hessian_chol(h: torch.Tensor, damp: float) -> torch.Tensor:
+    "The upper Cholesky factor of `(h + damp * mean(diag h) I)^-1`; more dampening while `h` is too ill-conditioned."
+    H, n = h.clone(), h.shape[0]
+    dead = H.diagonal() == 0
+    H[dead, dead] = 1.0   # an input that is always zero: its column rounds alone
+    for d in (damp, damp * 10, damp * 100):
+        try: return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H + d * H.diagonal().mean() * torch.eye(n, device=H.device))), upper=True)
+        except torch.linalg.LinAlgError: continue
+    raise ValueError(f"the calibration inputs' Hessian is not positive definite even at dampening {d}: use more calibration data")
+
+def _gptq_ternary(W: torch.Tensor, U: torch.Tensor, a: float, block: int) -> torch.Tensor:
+    "GPTQ's Algorithm 1 on the ternary grid (`U`: `_inv_hessian_chol`), in lazy blocks of `block` columns."
+    n, Q = W.shape[1], torch.zeros_like(W)
+    for i0 in range(0, n, block):
+        i1 = min(i0 + block, n)
+        Wb, Ub, E = W[:, i0:i1].clone(), U[i0:i1, i0:i1], torch.zeros_like(W[:, i0:i1])
+        for j in range(i1 - i0):
+            q = (Wb[:, j] / a).round().clamp(-1, 1)
+            Q[:, i0 + j] = q
+            E[:, j] = (Wb[:, j] - a * q) / Ub[j, j]
+            Wb[:, j + 1:] -= E[:, j:j + 1] * Ub[j, j + 1:]   # the error, onto the block's later columns
+        W[:, i1:] -= E @ U[i0:i1, i1:]                         # and once per block onto all the rest
+    return Q.to(torch.int8)
+
+# %% ../nbs/06f_lora.ipynb #d4f7b9c3
+@torch.no_grad()
+def input_hessians(model: nn.Module, calibration) -> dict:
+    "`{name: X X^T}` of the input of every `LoraBitLinear` over `calibration` (token-id tensors, or dicts of model kwargs)."
+    hs, hooks = {}, []
+    def add(name, x):
+        x = x.detach().reshape(-1, x.shape[-1]).float()
+        with torch.autocast(x.device.type, enabled=False): hs[name] = hs.get(name, 0) + x.T @ x   # fp32 even under bf16 autocast
+    for n, mod in model.named_modules():
+        if isinstance(mod, LoraBitLinear):
+            base = mod.get_base_layer()
+            if base.rms_norm is not None and base.adapter_reads == 'float':
+                raise ValueError(f"{n}: the adapter reads the input before the layer's fused norm, so it cannot be folded into the "
+                                 "weight; train it with peft.input=quant to merge it, or serve base + adapter")
+            hooks.append(base.register_forward_hook(lambda m, i, o, n=n: add(n, m.rms_norm(i[0]) if m.rms_norm is not None else i[0])))
+    try:
+        for batch in calibration: model(**batch) if isinstance(batch, dict) else model(input_ids=batch)
+    finally:
+        for h in hooks: h.remove()
+    return hs
+
 # %% ../nbs/06f_lora.ipynb #7fee5416
 @torch.no_grad()
-def merge_requantize(model: nn.Module) -> nn.Module:
-    "Fold each adapter into its layer, re-quantized to the nearest ternary weight: every `LoraBitLinear` (and bare `FrozenBitLinear`) -> a BitLinear (in place)."
+def merge_requantize(model: nn.Module, calibration=None, damp: float = 0.01) -> nn.Module:
+    "Fold each adapter into its layer, re-quantized at the base's scale: GPTQ-rounded on `calibration` batches, else the nearest ternary weight (in place)."
+    hs = input_hessians(model, calibration) if calibration is not None else {}
     for n, mod in list(model.named_modules()):
         if isinstance(mod, LoraBitLinear):
             base = mod.get_base_layer()
@@ -317,7 +369,9 @@ def merge_requantize(model: nn.Module) -> nn.Module:
                 if a in mod.lora_A: w += mod.scaling[a] * (mod.lora_B[a].weight.float() @ mod.lora_A[a].weight.float())
         elif isinstance(mod, FrozenBitLinear) and not n.endswith('base_layer'): base, w = mod, mod.dequantized()
         else: continue
-        model.set_submodule(n, _merged_bitlinear(base, *nearest_ternary(w, float(base.weight_scale))))
+        if n in hs: q, a = gptq_ternary(w, hs[n].to(w.device), 1 / float(base.weight_scale), damp), 1 / float(base.weight_scale)
+        else: q, a = nearest_ternary(w, float(base.weight_scale))
+        model.set_submodule(n, _merged_bitlinear(base, q, a))
     for attr in ('wf_peft', 'wf_base_digest', 'wf_checkpoint_keys'):
         if hasattr(model, attr): delattr(model, attr)
     return model

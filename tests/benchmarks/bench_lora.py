@@ -79,6 +79,8 @@ def main(argv=None):
     ap.add_argument('--eval-batch-size', type=int, default=16)
     ap.add_argument('--runs-dir', default=os.environ.get('WF_RUNS_DIR', 'runs'))
     ap.add_argument('--hf-check', action='store_true', help='also load the hf-bitnet export of START + the adapter in transformers + PEFT')
+    ap.add_argument('--merge-calibration', type=int, default=128, help="(f'): GPTQ-style merge calibrated on this many train "
+                    'prompts (0: nearest ternary rounding)')
     ap.add_argument('--no-merged', action='store_true', help="skip (f'), the merged + re-quantized adapter's eval")
     ap.add_argument('--json', default=None, help='results so far, rewritten after every evaluated arm')
     ap.add_argument('--model', default=MODEL, help='model preset (tiny_llama: a quick smoke test of this script)')
@@ -96,6 +98,7 @@ def main(argv=None):
     tok = load_tokenizer(get_config(model=MODEL).model)
     if TASK == 'shakespeare_genre': test, task = shakespeare_genre('test', n_per_genre=a.n_test_per_genre or None), GENRE_TASK
     else: _, test, task = load_task(TASK, 'test')
+    calib = [torch.tensor([ids]) for ids in calibration_ids(TASK, tok, a.merge_calibration, a.seq_len)]
     t0 = time.time()
     if a.stage1: s1 = Path(a.stage1)
     else:
@@ -161,7 +164,8 @@ def main(argv=None):
             stats = train_stats(rf)
             evaluate(f'(f) LoRA BitDistill (r={a.r})', seed, lambda: load_adapter(start, output_of(rf)), stats)
             if not a.no_merged:
-                evaluate("(f') LoRA merged + re-quantized", seed, lambda: merge_requantize(load_adapter(start, output_of(rf))), {})
+                evaluate(f"(f') LoRA merged + re-quantized ({f'GPTQ on {a.merge_calibration} train prompts' if calib else 'nearest'})",
+                         seed, lambda: merge_requantize(load_adapter(start, output_of(rf)), calibration=calib or None), {})
             last = (start, output_of(rf))
 
     print(table(results, a), flush=True)
@@ -169,6 +173,14 @@ def main(argv=None):
         try: hf_check(*last, tok, log)
         except Exception as e: log(f"hf check failed: {type(e).__name__}: {e}")
     log(f"wall time {time.time() - t0:.0f}s")
+
+
+def calibration_ids(task_name, tok, n, max_len) -> list[list[int]]:
+    "(f')'s merge calibration: the first `n` train examples as the task's training sees them (prompt + answer)."
+    from wf_nb.tasks import load_task, encode_classification, ClassificationTask
+    _, rows, task = load_task(task_name, 'train')
+    if isinstance(task, ClassificationTask): return [encode_classification(tok, r['text'], r['label'], task, max_len)['input_ids'] for r in rows[:n]]
+    return [tok(r['context'] + r['choices'][r['label']], truncation=True, max_length=max_len).input_ids for r in rows[:n]]
 
 
 def hf_check(start, adapter, tok, log) -> float:
