@@ -345,11 +345,7 @@ def input_hessians(model: nn.Module, calibration) -> dict:
         with torch.autocast(x.device.type, enabled=False): hs[name] = hs.get(name, 0) + x.T @ x   # fp32 even under bf16 autocast
     for n, mod in model.named_modules():
         if isinstance(mod, LoraBitLinear):
-            base = mod.get_base_layer()
-            if base.rms_norm is not None and base.adapter_reads == 'float':
-                raise ValueError(f"{n}: the adapter reads the input before the layer's fused norm, so it cannot be folded into the "
-                                 "weight; train it with peft.input=quant to merge it, or serve base + adapter")
-            hooks.append(base.register_forward_hook(lambda m, i, o, n=n: add(n, m.rms_norm(i[0]) if m.rms_norm is not None else i[0])))
+            hooks.append(mod.get_base_layer().register_forward_hook(lambda m, i, o, n=n: add(n, m.rms_norm(i[0]) if m.rms_norm is not None else i[0])))
     try:
         for batch in calibration: model(**batch) if isinstance(batch, dict) else model(input_ids=batch)
     finally:
@@ -360,6 +356,10 @@ def input_hessians(model: nn.Module, calibration) -> dict:
 @torch.no_grad()
 def merge_requantize(model: nn.Module, calibration=None, damp: float = 0.01) -> nn.Module:
     "Fold each adapter into its layer, re-quantized at the base's scale: GPTQ-rounded on `calibration` batches, else the nearest ternary weight (in place)."
+    for n, mod in model.named_modules():
+        if isinstance(mod, LoraBitLinear) and mod.get_base_layer().rms_norm is not None and mod.get_base_layer().adapter_reads == 'float':
+            raise ValueError(f"{n}: the adapter reads the input before the layer's fused norm, so it cannot be folded into the "
+                             "weight; train it with peft.input=quant to merge it, or serve base + adapter")
     hs = input_hessians(model, calibration) if calibration is not None else {}
     for n, mod in list(model.named_modules()):
         if isinstance(mod, LoraBitLinear):
