@@ -365,12 +365,12 @@ def merge_requantize(model: nn.Module, calibration=None, damp: float = 0.01) -> 
         if isinstance(mod, LoraBitLinear):
             base = mod.get_base_layer()
             w = base.dequantized()
-            for a in mod.active_adapters:
-                if a in mod.lora_A: w += mod.scaling[a] * (mod.lora_B[a].weight.float() @ mod.lora_A[a].weight.float())
+            for k in mod.active_adapters:
+                if k in mod.lora_A: w += mod.scaling[k] * (mod.lora_B[k].weight.float() @ mod.lora_A[k].weight.float())
         elif isinstance(mod, FrozenBitLinear) and not n.endswith('base_layer'): base, w = mod, mod.dequantized()
         else: continue
-        if n in hs: q, a = gptq_ternary(w, hs[n].to(w.device), 1 / float(base.weight_scale), damp), 1 / float(base.weight_scale)
-        else: q, a = nearest_ternary(w, float(base.weight_scale))
+        s = float(base.weight_scale)   # W ~ codes / s: the merged layer keeps the base's step 1/s (GPTQ) or starts from it (nearest)
+        q, a = (gptq_ternary(w, hs[n].to(w.device), 1 / s, damp), 1 / s) if n in hs else nearest_ternary(w, s)
         model.set_submodule(n, _merged_bitlinear(base, q, a))
     for attr in ('wf_peft', 'wf_base_digest', 'wf_checkpoint_keys'):
         if hasattr(model, attr): delattr(model, attr)
