@@ -96,3 +96,37 @@ def test_lora_needs_a_ternary_base(bases):
     from wf_nb.config import get_config
     cfg = get_config([*TINY, 'training.max_steps=1'], stage='sft', model='tiny_llama')   # the FP model: nothing ternary to adapt
     with pytest.raises(ValueError, match='no BitLinear'): run_stage(cfg, bases/'runs_fp', log=lambda *a, **k: None)
+
+
+def test_adapter_run_in_wf_eval_generate_export(bases, wf, tmp_path):
+    "An adapter run is a run like any other for `wf eval`, `wf generate` and `wf export` (base + adapter GGUFs, or merged); bad uses get one line."
+    from wf_nb.stages import run_stage
+    from wf_nb.lora import load_adapter, merge_requantize, task_calibration
+    from wf_nb.export import load_packed
+    from wf_nb.assets import load_tokenizer
+    from wf_nb.config import get_config
+    res = run_stage(_cfg(bases), bases/'runs_cli', log=lambda *a, **k: None)
+    run = res['run_dir']
+    text = tmp_path/'held.txt'; text.write_text("Good morrow, my lord. What news from the court today? " * 20)
+    ev = lambda src, name: (wf('eval', src, '--data', text, '--seq-len', 32, '--json', tmp_path/name), json.loads((tmp_path/name).read_text()))[1]
+    ppl_adapter, ppl_base = ev(run, 'a.json')['perplexity']['perplexity'], ev(bases/'s1', 'b.json')['perplexity']['perplexity']
+    assert ppl_adapter != ppl_base                                                  # the adapter is loaded, on its base
+    assert wf('generate', run, '--prompt', 'Good morrow', '--max-new-tokens', 3).returncode == 0
+
+    out = wf('export', run, '--format', 'gguf', '--embed-type', 'f16', '--out', tmp_path/'pair').stdout
+    assert (tmp_path/'pair'/'base.gguf').is_file() and (tmp_path/'pair'/'adapter.gguf').is_file() and '--lora' in out
+    wf('export', run, '--format', 'gguf', '--base-gguf', tmp_path/'pair'/'base.gguf', '--out', tmp_path/'alone.gguf')
+    assert (tmp_path/'alone.gguf').read_bytes() == (tmp_path/'pair'/'adapter.gguf').read_bytes()
+
+    wf('export', run, '--format', 'wf-packed', '--dtype', 'fp32', '--merge', '--merge-calibration', 2, '--out', tmp_path/'merged')
+    tok = load_tokenizer(get_config(model='tiny_llama').model)
+    want = merge_requantize(load_adapter(bases/'s1', res['output']), calibration=task_calibration('shakespeare_genre', tok, 2, 48))
+    ids = torch.tensor([[5, 60, 700, 8000, 3]])
+    with torch.no_grad(): assert torch.allclose(load_packed(tmp_path/'merged')(input_ids=ids).logits, want(input_ids=ids).logits, atol=1e-4)
+
+    for args, says in [(('--format', 'hf-bitnet', '--out', tmp_path/'hf'), "PEFT's format"),
+                       (('--format', 'gguf', '--out', tmp_path/'pair'), 'already exists')]:
+        r = wf('export', run, *args, check=False)
+        assert r.returncode != 0 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = wf('export', bases/'s1', '--merge', '--out', tmp_path/'m2', check=False)
+    assert r.returncode != 0 and 'adapter runs' in r.stderr and 'Traceback' not in r.stderr

@@ -174,8 +174,9 @@ def _train_exit(res: dict) -> int:
 # %% ../nbs/11_cli.ipynb #13f5e63b
 def resolve_checkpoint(ref: str, runs_dir=None) -> Path:
     "A checkpoint directory from a run id/prefix, a run directory, or a checkpoint directory."
+    from wf_nb.lora import is_adapter_dir
     p = Path(ref)
-    if (p/'config.json').exists(): return p
+    if (p/'config.json').exists() or is_adapter_dir(p): return p   # a checkpoint, an export, or an adapter run's output
     if p.is_file() and (p.suffix == '.gguf' or open(p, 'rb').read(4) == b'GGUF'):
         raise ValueError(f"{p} is a GGUF file (llama.cpp's format): wf_nb loads checkpoint folders. Run it with llama.cpp "
                          f"(llama-cli -m {p}), or give the run or an hf-bitnet / wf-packed export folder")
@@ -185,7 +186,7 @@ def resolve_checkpoint(ref: str, runs_dir=None) -> Path:
     from wf_nb.registry import get_run, Run, run_output
     run = Run(p) if (p/'metadata.json').exists() else get_run(ref, runs_dir)
     out = run_output(run)
-    if not (out/'config.json').exists():
+    if not ((out/'config.json').exists() or is_adapter_dir(out)):
         raise FileNotFoundError(f"run {run.id} has no output checkpoint yet (status {run.status}); finish or resume it with `wf train`")
     return out
 
@@ -501,15 +502,28 @@ def _args_export(sub):
     x.add_argument('--dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'],
                    help='hf-bitnet / wf-packed: stored type of what is not ternary (embeddings, lm_head if untied, norms); fp32: the checkpoint bit for bit')
     x.add_argument('--embed-type', default='q5_0', choices=['q8_0', 'f16', 'q5_1', 'q5_0', 'q4_0', 'f32'], help='gguf: type of the (tied) embedding')
+    x.add_argument('--merge', action='store_true', help='an adapter run: fold the adapter into its base, re-quantized to ternary (GPTQ), then export that')
+    x.add_argument('--merge-calibration', type=int, default=128, help="--merge: calibrate on this many of the run's training inputs (0: nearest rounding)")
+    x.add_argument('--base-gguf', default=None, help='an adapter run, --format gguf: write only the adapter (--out X.gguf), fitted to this base GGUF')
 
 # %% ../nbs/11_cli.ipynb #326d7dfc
 @_command('export', _args_export)
 def _cmd_export(a) -> int:
     "`wf export`."
     from wf_nb.export import export_model, format_size_report
-    rep = export_model(resolve_checkpoint(a.src, a.runs_dir), fmt=a.format, out=a.out, overwrite=a.overwrite, allow_float=a.allow_float,
-                       **(dict(ternary_type=a.ternary_type, embed_type=a.embed_type) if a.format == 'gguf' else dict(dtype=a.dtype)))
-    print(f"exported {rep['format']} -> {rep['path']} in {rep['seconds']}s\n{format_size_report(rep)}")
+    from wf_nb.lora import is_adapter_dir, export_adapter
+    src = resolve_checkpoint(a.src, a.runs_dir)
+    kw = dict(ternary_type=a.ternary_type, embed_type=a.embed_type) if a.format == 'gguf' else dict(dtype=a.dtype)
+    if is_adapter_dir(src):   # an adapter run: base + adapter GGUFs, or merged (wf_nb.lora.export_adapter)
+        if a.merge_calibration < 0: raise ValueError(f"--merge-calibration {a.merge_calibration}: give a count >= 0 (0: nearest rounding)")
+        rep = export_adapter(src, a.format, a.out, base_gguf=a.base_gguf, merge=a.merge, calibration=a.merge_calibration, overwrite=a.overwrite, **kw)
+    elif a.merge or a.base_gguf:
+        raise ValueError(f"--merge and --base-gguf export adapter runs (peft.method=lora); {a.src} is a whole model: drop them")
+    else: rep = export_model(src, fmt=a.format, out=a.out, overwrite=a.overwrite, allow_float=a.allow_float, **kw)
+    print(f"exported {rep['format']} -> {rep['path']} in {rep['seconds']}s")
+    if 'adapter' in rep: print(f"LoRA adapter -> {rep['adapter']} (llama.cpp: llama-cli -m {rep['path']} --lora {rep['adapter']})")
+    if 'merged' in rep: print(f"merged: {rep['merged']}")
+    if 'linear_weights' in rep: print(format_size_report(rep))
     if 'gguf_bits' in rep:
         from wf_nb.gguf_export import format_gguf_bits
         print(format_gguf_bits(rep['gguf_bits']))

@@ -252,9 +252,15 @@ def generate(model, tokenizer=None, prompt: str = '', max_new_tokens: int = 64, 
 
 # %% ../nbs/08_eval.ipynb #29189c15
 def _load_dir(p: Path, dtype=None):
-    "`(model, tokenizer)` from a checkpoint directory: a packed `wf export` output, any checkpoint wf_nb wrote, or plain HF."
+    "`(model, tokenizer)` from a checkpoint directory: a packed `wf export` output, an adapter (on its base), any checkpoint wf_nb wrote, or plain HF."
     from transformers import AutoTokenizer
     from wf_nb.export import is_packed_dir, load_packed
+    from wf_nb.lora import is_adapter_dir, adapter_base, load_adapter
+    if is_adapter_dir(p):   # an adapter run's output: the base it names, frozen, with the adapter (the base's tokenizer)
+        base = adapter_base(p)
+        tok = AutoTokenizer.from_pretrained(base)
+        if tok.pad_token is None: tok.pad_token = tok.eos_token
+        return load_adapter(base, p), tok
     try:
         from wf_nb.convert import load
         model = (load_packed if is_packed_dir(p) else load)(p, dtype=dtype)   # packed: a `wf export` output

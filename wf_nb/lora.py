@@ -4,7 +4,7 @@
 
 # %% ../nbs/06f_lora.ipynb #a82336c4
 from __future__ import annotations
-import hashlib, json, warnings
+import hashlib, json, time, warnings
 from pathlib import Path
 import torch, torch.nn as nn
 from fastcore.basics import patch
@@ -14,10 +14,11 @@ from .quant import BitLinear, RMSNorm, bitlinears, shared_act_codes, act_quant, 
 from .io import atomic_dir
 
 # %% auto #0
-__all__ = ['TARGET_MODULES', 'NOT_TERNARY', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'FrozenBitLinear',
-           'LoraBitLinear', 'lora_config', 'base_digest', 'freeze_base', 'load_frozen', 'checkpoint_blocks',
-           'compact_heap', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir', 'load_adapter',
-           'hf_peft_model', 'nearest_ternary', 'gptq_ternary', 'input_hessians', 'merge_requantize', 'export_lora_gguf']
+__all__ = ['TARGET_MODULES', 'NOT_TERNARY', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'LORA_GGUF_MARK',
+           'FrozenBitLinear', 'LoraBitLinear', 'lora_config', 'base_digest', 'freeze_base', 'load_frozen',
+           'checkpoint_blocks', 'compact_heap', 'add_lora', 'trainable_share', 'save_adapter', 'is_adapter_dir',
+           'load_adapter', 'hf_peft_model', 'nearest_ternary', 'gptq_ternary', 'input_hessians', 'merge_requantize',
+           'export_lora_gguf', 'adapter_base', 'task_calibration', 'export_adapter']
 
 # %% ../nbs/06f_lora.ipynb #a1deef94
 class FrozenBitLinear(nn.Module):
@@ -406,11 +407,12 @@ def _gguf_lora_tensors(sd: dict, adapter_dir, scales: dict | None = None) -> dic
     return tensors
 
 # %% ../nbs/06f_lora.ipynb #13f1a82d
-def _write_lora_gguf(tmp, arch: str, alpha: float, tensors: dict):
+def _write_lora_gguf(tmp, arch: str, alpha: float, tensors: dict, base_digest: str | None = None):
     import gguf, numpy as np
     w = gguf.GGUFWriter(str(tmp), arch)
     w.add_type(gguf.GGUFType.ADAPTER); w.add_string(gguf.Keys.Adapter.TYPE, 'lora')
     w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(alpha))
+    if base_digest: w.add_string('wf_nb.base_digest', base_digest)   # which wf_nb base it was trained on
     for n, a in tensors.items(): w.add_tensor(n, np.ascontiguousarray(a))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
@@ -452,5 +454,71 @@ def export_lora_gguf(adapter_dir, path, base=None, base_gguf=None, arch: str = '
     lc = json.loads((adapter_dir/'adapter_config.json').read_text())
     tensors = _gguf_lora_tensors(load_file(str(adapter_dir/'adapter_model.safetensors')), adapter_dir, scales)
     if base_gguf is not None: tensors = _pad_to_base(tensors, _gguf_base_shapes(base_gguf, arch), base_gguf)
-    atomic_file(path, lambda tmp: _write_lora_gguf(tmp, arch, lc['lora_alpha'], tensors))
+    digest = json.loads((adapter_dir/ADAPTER_JSON).read_text()).get('base_digest') if (adapter_dir/ADAPTER_JSON).is_file() else None
+    atomic_file(path, lambda tmp: _write_lora_gguf(tmp, arch, lc['lora_alpha'], tensors, digest))
     return {n: a.shape for n, a in tensors.items()}
+
+# %% ../nbs/06f_lora.ipynb #28fe8259
+def adapter_base(adapter_dir) -> Path:
+    "The checkpoint folder the adapter in `adapter_dir` was trained on (its `wf_adapter.json` names it), checked to be there."
+    adapter_dir = Path(adapter_dir)
+    base = _adapter_meta(adapter_dir).get('base')
+    if not base:
+        raise ValueError(f"{adapter_dir}: the adapter does not name its base; load it with wf_nb.lora.load_adapter(BASE, '{adapter_dir}')")
+    if not (Path(base)/'config.json').is_file():
+        raise FileNotFoundError(f"{adapter_dir} was trained on {base}, which is no longer a checkpoint folder: put the base back "
+                                f"there, or load the adapter on a copy with wf_nb.lora.load_adapter(COPY, '{adapter_dir}') (its digest is checked)")
+    return Path(base)
+
+# %% ../nbs/06f_lora.ipynb #a2601fc7
+def task_calibration(task: str | None, tokenizer, n: int = 128, max_len: int = 256) -> list[torch.Tensor]:
+    "`n` calibration inputs (`[1, len]` token ids) for `merge_requantize`: `task`'s first training examples (prompt + answer), or Shakespeare."
+    if not task:
+        from wf_nb.convert import calibration_ids
+        return list(calibration_ids(tokenizer, n, max_len).split(1))
+    from wf_nb.tasks import load_task, encode_classification, ClassificationTask
+    _, rows, spec = load_task(task, 'train')
+    if isinstance(spec, ClassificationTask):
+        ids = [encode_classification(tokenizer, r['text'], r['label'], spec, max_len)['input_ids'] for r in rows[:n]]
+    else: ids = [tokenizer(r['context'] + r['choices'][r['label']], truncation=True, max_length=max_len).input_ids for r in rows[:n]]
+    return [torch.tensor([i]) for i in ids]
+
+# %% ../nbs/06f_lora.ipynb #3ef28cc5
+LORA_GGUF_MARK = b'wf_nb.base_digest'   # a key only wf_nb's adapter GGUFs carry: `--overwrite` may replace such a file
+
+def export_adapter(adapter_dir, fmt: str, out, base_gguf=None, merge: bool = False, calibration: int = 128,
+                   overwrite: bool = False, **export_kw) -> dict:
+    "`wf export` of an adapter run: `gguf` -> the base's GGUF + the adapter's (or the adapter alone for `base_gguf`); `merge` -> the merged ternary model."
+    from wf_nb.export import export_model, ExportError, group_readable
+    from wf_nb.io import atomic_dir, check_output, mark_output
+    adapter_dir, out, t0 = Path(adapter_dir), Path(out), time.time()
+    base = adapter_base(adapter_dir)
+    if merge: return _export_merged(adapter_dir, base, fmt, out, calibration, overwrite, export_kw)
+    if fmt != 'gguf':
+        raise ExportError(f"export: {adapter_dir} is a LoRA adapter, already in PEFT's format (transformers serves it on the base's "
+                          f"hf-bitnet export: wf_nb.lora.hf_peft_model); --format gguf writes it for llama.cpp, --merge folds it into "
+                          f"a plain ternary model (it costs accuracy: README)")
+    if base_gguf is not None:
+        check_output(out, overwrite, file_mark=LORA_GGUF_MARK)
+        shapes = export_lora_gguf(adapter_dir, out, base=base, base_gguf=base_gguf, overwrite=True)
+        return dict(format='gguf LoRA adapter', path=str(out), base_gguf=str(base_gguf), tensors=len(shapes), seconds=round(time.time() - t0, 2))
+    rep = {}
+    def write(tmp):
+        rep.update(export_model(base, 'gguf', tmp/'base.gguf', **export_kw))
+        rep['tensors'] = len(export_lora_gguf(adapter_dir, tmp/'adapter.gguf', base=base, base_gguf=tmp/'base.gguf'))
+        mark_output(tmp, 'export'); group_readable(tmp)
+    atomic_dir(out, write, exists='replace' if check_output(out, overwrite) else 'error')
+    return {**rep, 'format': 'gguf base + LoRA adapter', 'path': str(out/'base.gguf'), 'adapter': str(out/'adapter.gguf'),
+            'seconds': round(time.time() - t0, 2)}
+
+# %% ../nbs/06f_lora.ipynb #9ac3be85
+def _export_merged(adapter_dir: Path, base: Path, fmt: str, out: Path, calibration: int, overwrite: bool, export_kw: dict) -> dict:
+    "The adapter merged into its base by `merge_requantize` (GPTQ on `calibration` of the run's training inputs; 0: nearest), exported as `fmt`."
+    from transformers import AutoTokenizer
+    from wf_nb.export import export_model
+    tok = AutoTokenizer.from_pretrained(base)
+    data = _adapter_meta(adapter_dir).get('wf_config', {}).get('data', {})
+    calib = task_calibration(data.get('task') or None, tok, calibration, data.get('seq_len', 256)) if calibration else None
+    model = merge_requantize(load_adapter(base, adapter_dir), calibration=calib)
+    rep = export_model(model, fmt, out, tokenizer=tok, overwrite=overwrite, **export_kw)
+    return {**rep, 'merged': f"GPTQ on {len(calib)} training inputs" if calib else 'nearest rounding (the base, for small updates)'}

@@ -93,12 +93,12 @@ def main(argv=None):
     from wf_nb.config import get_config
     from wf_nb.assets import load_tokenizer
     from wf_nb.tasks import load_task, shakespeare_genre, task_accuracy, GENRE_TASK
-    from wf_nb.lora import load_adapter, merge_requantize
+    from wf_nb.lora import load_adapter, merge_requantize, task_calibration
     import exp_stage3_genre; exp_stage3_genre.MODEL = MODEL
     tok = load_tokenizer(get_config(model=MODEL).model)
     if TASK == 'shakespeare_genre': test, task = shakespeare_genre('test', n_per_genre=a.n_test_per_genre or None), GENRE_TASK
     else: _, test, task = load_task(TASK, 'test')
-    calib = [torch.tensor([ids]) for ids in calibration_ids(TASK, tok, a.merge_calibration, a.seq_len)]
+    calib = task_calibration(TASK, tok, a.merge_calibration, a.seq_len)   # (f')'s merge: the first train examples, prompt + answer
     t0 = time.time()
     if a.stage1: s1 = Path(a.stage1)
     else:
@@ -173,14 +173,6 @@ def main(argv=None):
         try: hf_check(*last, tok, log)
         except Exception as e: log(f"hf check failed: {type(e).__name__}: {e}")
     log(f"wall time {time.time() - t0:.0f}s")
-
-
-def calibration_ids(task_name, tok, n, max_len) -> list[list[int]]:
-    "(f')'s merge calibration: the first `n` train examples as the task's training sees them (prompt + answer)."
-    from wf_nb.tasks import load_task, encode_classification, ClassificationTask
-    _, rows, task = load_task(task_name, 'train')
-    if isinstance(task, ClassificationTask): return [encode_classification(tok, r['text'], r['label'], task, max_len)['input_ids'] for r in rows[:n]]
-    return [tok(r['context'] + r['choices'][r['label']], truncation=True, max_length=max_len).input_ids for r in rows[:n]]
 
 
 def hf_check(start, adapter, tok, log) -> float:
