@@ -125,7 +125,9 @@ def test_adapter_run_in_wf_eval_generate_export(bases, wf, tmp_path):
     with torch.no_grad(): assert torch.allclose(load_packed(tmp_path/'merged')(input_ids=ids).logits, want(input_ids=ids).logits, atol=1e-4)
 
     for args, says in [(('--format', 'hf-bitnet', '--out', tmp_path/'hf'), "PEFT's format"),
-                       (('--format', 'gguf', '--out', tmp_path/'pair'), 'already exists')]:
+                       (('--format', 'gguf', '--out', tmp_path/'pair'), 'already exists'),
+                       (('--format', 'gguf', '--base-gguf', tmp_path/'pair'/'base.gguf', '--out', tmp_path/'pair'), 'ending .gguf'),
+                       (('--merge', '--base-gguf', tmp_path/'pair'/'base.gguf', '--out', tmp_path/'m.gguf'), 'pick one')]:
         r = wf('export', run, *args, check=False)
         assert r.returncode != 0 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     r = wf('export', bases/'s1', '--merge', '--out', tmp_path/'m2', check=False)

@@ -58,7 +58,7 @@ def test_gguf_lora_adapter_in_llamacpp(tmp_path, hidden, heads, kv, ttype):
     write_gguf(pack_model(base), tmp_path/'base.gguf', tok, ttype, 'f16')
     meta, _ = read_gguf(tmp_path/'base.gguf')
     assert (meta['bitnet.embedding_length'] > hidden) == (hidden % 256 != 0)   # the padded case pads
-    shapes = export_lora_gguf(tmp_path/'adapter', tmp_path/'adapter.gguf', base=base, base_gguf=tmp_path/'base.gguf')
+    shapes = export_lora_gguf(tmp_path/'adapter', tmp_path/'adapter.gguf', base_gguf=tmp_path/'base.gguf')   # s from the file
     assert shapes['blk.0.attn_q.weight.lora_a'][1] == meta['bitnet.embedding_length']
     (tmp_path/'run.mjs').write_text(SCRIPT)
     req = dict(model=str(tmp_path/'base.gguf'), tokens=ids, loras=[None, str(tmp_path/'adapter.gguf')])

@@ -417,13 +417,21 @@ def _write_lora_gguf(tmp, arch: str, alpha: float, tensors: dict, base_digest: s
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
 # %% ../nbs/06f_lora.ipynb #f6e5c927
-def _gguf_base_shapes(base_gguf, arch: str) -> dict:
-    "`{tensor name: (out, in)}` of the matrices of the base GGUF file the adapter will be loaded on."
-    from wf_nb.gguf_export import read_gguf
+def _gguf_base(base_gguf, arch: str) -> tuple[dict, dict]:
+    "`({tensor name: (out, in)}, {module name: s})`: the matrices of the base GGUF the adapter will be loaded on, and its gate/up scales."
+    import numpy as np
+    from wf_nb.gguf_export import read_gguf, _out_scale
     meta, ts = read_gguf(base_gguf)
     if meta.get('general.architecture') != arch:
         raise ValueError(f"export_lora_gguf: {base_gguf} is a {meta.get('general.architecture')!r} GGUF, not {arch!r}: pass the base the adapter is for")
-    return {n: t['shape'] for n, t in ts.items() if len(t['shape']) == 2}
+    plan = dict(H=meta.get('wf_nb.hidden_size', meta.get(f'{arch}.embedding_length')), Hp=meta.get(f'{arch}.embedding_length'))
+    proj = {v: k for k, v in GGUF_LORA_NAMES.items()}
+    scales = {}
+    for n, t in ts.items():   # `.scale` holds (padding factor) / s: llama.cpp multiplies the gate/up output (+ LoRA) by it
+        blk, i, g, kind = (n.split('.') + ['', '', ''])[:4]
+        if blk == 'blk' and g in ('ffn_gate', 'ffn_up') and kind == 'scale':
+            scales[f"model.layers.{i}.mlp.{proj[g]}"] = _out_scale(f"{g}.weight", plan) / float(t['data'].view(np.float32)[0])
+    return {n: t['shape'] for n, t in ts.items() if len(t['shape']) == 2}, scales
 
 def _pad_to_base(tensors: dict, shapes: dict, base_gguf) -> dict:
     "Each `lora_a` padded with zero columns to its base matrix's inputs, each `lora_b` with zero rows to its outputs."
@@ -443,17 +451,19 @@ def _pad_to_base(tensors: dict, shapes: dict, base_gguf) -> dict:
 def export_lora_gguf(adapter_dir, path, base=None, base_gguf=None, arch: str = 'bitnet', ffn_scale_after_lora: bool = True,
                      overwrite: bool = False) -> dict:
     "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32), padded as the base GGUF `base_gguf` is; returns `{gguf name: shape}`."
-    if ffn_scale_after_lora and base is None:
-        raise ValueError("export_lora_gguf: llama.cpp's bitnet graph scales the gate/up LoRA terms by the layer's weight scale; "
-                         "pass base= (the model or folder the adapter was trained on) to undo it, or ffn_scale_after_lora=False")
-    scales = _layer_scales(base) if ffn_scale_after_lora else None
+    shapes, scales = _gguf_base(base_gguf, arch) if base_gguf is not None else (None, {})
+    if ffn_scale_after_lora and not scales:
+        if base is None:
+            raise ValueError("export_lora_gguf: llama.cpp's bitnet graph scales the gate/up LoRA terms by the layer's weight scale; pass "
+                             "base_gguf= (the base GGUF) or base= (the model or folder the adapter was trained on) to undo it, or ffn_scale_after_lora=False")
+        scales = _layer_scales(base)
     from safetensors.torch import load_file
     from wf_nb.io import atomic_file
     adapter_dir, path = Path(adapter_dir), Path(path)
     if path.exists() and not overwrite: raise FileExistsError(f"{path} already exists: choose another path or pass overwrite=True")
     lc = json.loads((adapter_dir/'adapter_config.json').read_text())
-    tensors = _gguf_lora_tensors(load_file(str(adapter_dir/'adapter_model.safetensors')), adapter_dir, scales)
-    if base_gguf is not None: tensors = _pad_to_base(tensors, _gguf_base_shapes(base_gguf, arch), base_gguf)
+    tensors = _gguf_lora_tensors(load_file(str(adapter_dir/'adapter_model.safetensors')), adapter_dir, scales if ffn_scale_after_lora else None)
+    if base_gguf is not None: tensors = _pad_to_base(tensors, shapes, base_gguf)
     digest = json.loads((adapter_dir/ADAPTER_JSON).read_text()).get('base_digest') if (adapter_dir/ADAPTER_JSON).is_file() else None
     atomic_file(path, lambda tmp: _write_lora_gguf(tmp, arch, lc['lora_alpha'], tensors, digest))
     return {n: a.shape for n, a in tensors.items()}
@@ -492,20 +502,23 @@ def export_adapter(adapter_dir, fmt: str, out, base_gguf=None, merge: bool = Fal
     from wf_nb.export import export_model, ExportError, group_readable
     from wf_nb.io import atomic_dir, check_output, mark_output
     adapter_dir, out, t0 = Path(adapter_dir), Path(out), time.time()
-    base = adapter_base(adapter_dir)
-    if merge: return _export_merged(adapter_dir, base, fmt, out, calibration, overwrite, export_kw)
+    if merge and base_gguf is not None:
+        raise ExportError("export: --merge folds the adapter into its base and --base-gguf writes the adapter alone for a base GGUF: pick one")
+    if merge: return _export_merged(adapter_dir, adapter_base(adapter_dir), fmt, out, calibration, overwrite, export_kw)
     if fmt != 'gguf':
         raise ExportError(f"export: {adapter_dir} is a LoRA adapter, already in PEFT's format (transformers serves it on the base's "
                           f"hf-bitnet export: wf_nb.lora.hf_peft_model); --format gguf writes it for llama.cpp, --merge folds it into "
                           f"a plain ternary model (it costs accuracy: README)")
-    if base_gguf is not None:
+    if base_gguf is not None:   # the adapter alone: its scales and shapes come from the base file, no model is loaded
+        if out.suffix != '.gguf' or out.is_dir():
+            raise ExportError(f"export: --base-gguf writes one adapter file: give --out a file name ending .gguf (not {out})")
         check_output(out, overwrite, file_mark=LORA_GGUF_MARK)
-        shapes = export_lora_gguf(adapter_dir, out, base=base, base_gguf=base_gguf, overwrite=True)
+        shapes = export_lora_gguf(adapter_dir, out, base_gguf=base_gguf, overwrite=True)
         return dict(format='gguf LoRA adapter', path=str(out), base_gguf=str(base_gguf), tensors=len(shapes), seconds=round(time.time() - t0, 2))
-    rep = {}
-    def write(tmp):
+    rep, base = {}, adapter_base(adapter_dir)
+    def write(tmp):   # the base is loaded once, by export_model; the adapter reads its scales from the written base.gguf
         rep.update(export_model(base, 'gguf', tmp/'base.gguf', **export_kw))
-        rep['tensors'] = len(export_lora_gguf(adapter_dir, tmp/'adapter.gguf', base=base, base_gguf=tmp/'base.gguf'))
+        rep['tensors'] = len(export_lora_gguf(adapter_dir, tmp/'adapter.gguf', base_gguf=tmp/'base.gguf'))
         mark_output(tmp, 'export'); group_readable(tmp)
     atomic_dir(out, write, exists='replace' if check_output(out, overwrite) else 'error')
     return {**rep, 'format': 'gguf base + LoRA adapter', 'path': str(out/'base.gguf'), 'adapter': str(out/'adapter.gguf'),
