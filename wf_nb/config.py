@@ -66,6 +66,7 @@ class DataConfig:
     pin_memory: bool = False
     prefetch_factor: int = 2
     task: str = ''                      # Stage 3 / SFT task ('' = language modelling)
+    pad_to_multiple_of: int = 32        # task batches: length padded up to a multiple of this (few shapes, so freed blocks are reused); 1: the longest row
     streaming: bool = False
     context_schedule: str = ''          # progressive context 'LEN:FRACTION,...' (e.g. 2048:0.5,4096:0.25,8192:0.25); '' = seq_len throughout
     encoding: str = 'utf-8'             # encoding of text files (e.g. latin-1)
@@ -371,6 +372,7 @@ def default_precision() -> str:
 def _check_sizes(cfg: WFConfig):
     t = cfg.training
     positive = {'training.batch_size': t.batch_size, 'training.grad_accum': t.grad_accum, 'data.seq_len': cfg.data.seq_len,
+                'data.pad_to_multiple_of': cfg.data.pad_to_multiple_of,
                 'training.save_interval': t.save_interval, 'training.keep_last': t.keep_last, 'logging.interval': cfg.logging.interval}
     for k, v in positive.items():
         if v < 1: raise ConfigError(f"{k}={v} must be >= 1")

@@ -215,14 +215,16 @@ def attention_relation_loss(s_qkv, t_qkv, mask=None, relation_heads: int = 32, s
 
 # %% ../nbs/05_distill.ipynb #4f3b3d81
 def _scored_terms(student_logits, teacher_logits, labels, T: float):
-    "CE (with its counts) and `T^2 * KL`: of `[B, S, V]` logits at the positions that predict a label of `labels` `[B, S]`, or of scored rows `[N, V]` with their targets `labels` `[N]`."
+    "CE (with its counts) and `T^2 * KL`: of `[B, S, V]` logits at the positions that predict a label of `labels` `[B, S]`, or of scored rows `[N, V]` with their targets `labels` `[N]` (rows whose target is `IGNORE_INDEX`, shape padding, score nothing)."
     if labels.dim() != 1: return lm_loss(student_logits, labels), kd_loss(student_logits, teacher_logits, T=T, labels=labels)
-    from wf_nb.losses import ce_and_hits, _empty
-    n = labels.numel()
-    if n == 0: return _empty(student_logits), student_logits.sum() * 0.
+    from wf_nb.losses import ce_and_hits, _empty, IGNORE_INDEX
+    if labels.numel() == 0: return _empty(student_logits), student_logits.sum() * 0.
+    real = labels != IGNORE_INDEX
+    n = real.sum()
     ce, n_correct = ce_and_hits(student_logits, labels)   # the few-positions path of lm_loss and kd_loss, on rows given
-    lm = dict(loss=ce / n, n_tokens=torch.tensor(n, device=labels.device), n_correct=n_correct)
-    return lm, kl_sum(student_logits, teacher_logits, T) / n * (T * T)
+    lm = dict(loss=ce / n.clamp(min=1), n_tokens=n, n_correct=n_correct)
+    keep = None if bool(real.all()) else real   # unpadded: kd_loss's few-positions sum, bit for bit
+    return lm, kl_sum(student_logits, teacher_logits, T, keep) / n.clamp(min=1) * (T * T)
 
 def stage3_loss(student_logits, teacher_logits, labels, attention_mask=None, s_qkv=None, t_qkv=None,
                 T: float | None = None, lambda_logits: float | None = None, gamma_attn: float | None = None,

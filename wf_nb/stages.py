@@ -20,9 +20,9 @@ from .callbacks import QuantSchedule
 from .quant import bitlinears
 
 # %% auto #0
-__all__ = ['STAGES', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA', 'StageSpec', 'register_stage', 'lineage_key',
-           'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'pipeline_data', 'run_pipeline',
-           'smoke']
+__all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA', 'StageSpec',
+           'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage',
+           'pipeline_data', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -92,12 +92,17 @@ def _head_on_rows(model) -> bool:
     c = getattr(model, 'config', None)
     return not is_fsdp(model) and all(getattr(c, k, None) in (None, 1) for k in ('final_logit_softcapping', 'logit_scale', 'logits_scaling'))
 
-def _scored_logits(model, batch, sel):
-    "`model`'s logits at the `sel` `[B, S]` positions only, `[N, V]`: the output head on those positions' final hidden states."
+# A batch's scored positions vary in number (a task's answers differ in length); padded to a multiple of this, Stage 3's
+# [rows, vocab] tensors take a few sizes, so the allocator reuses their blocks instead of growing (nbs/06f_lora.ipynb).
+SCORED_ROWS_MULTIPLE = 64
+
+def _scored_logits(model, batch, sel, rows: int | None = None):
+    "`model`'s logits at the `sel` `[B, S]` positions only, `[N, V]`: the output head on those positions' final hidden states; zero rows appended up to `rows`."
     from wf_nb.step import hidden_states_as_logits
-    if not _head_on_rows(_unwrap(model)): return model(input_ids=batch['input_ids'], **_fwd_kw(batch)).logits[sel]
+    pad = lambda x: x if rows is None else torch.nn.functional.pad(x, (0, 0, 0, rows - x.shape[0]))
+    if not _head_on_rows(_unwrap(model)): return pad(model(input_ids=batch['input_ids'], **_fwd_kw(batch)).logits[sel])
     with hidden_states_as_logits(model) as head: h = model(input_ids=batch['input_ids'], **_fwd_kw(batch)).logits
-    return head(h[sel])
+    return head(pad(h[sel]))
 
 def stage3_step(teacher):
     "Stage 3 (BitDistill): CE + logits KD + MiniLMv2 Q/K/V relation distillation at `distill.attn_layer`."
@@ -107,9 +112,11 @@ def stage3_step(teacher):
         layer, gamma = ctx.cfg.distill.attn_layer, ctx.cfg.distill.gamma_attn
         nxt = batch['labels'][:, 1:] != IGNORE_INDEX
         sel = torch.cat([nxt, torch.zeros_like(nxt[:, :1])], 1)   # the positions that predict a label (CE and KD score only those)
-        with torch.inference_mode(), capture_qkv(teacher, layer) as tq: t = _scored_logits(teacher, batch, sel)
-        with capture_qkv(_unwrap(model), layer) as sq: s = _scored_logits(model, batch, sel)
-        return stage3_loss(s, t, batch['labels'][:, 1:][nxt], real_tokens(batch),
+        n = int(nxt.sum()); rows = -(-n // SCORED_ROWS_MULTIPLE) * SCORED_ROWS_MULTIPLE
+        labels = torch.nn.functional.pad(batch['labels'][:, 1:][nxt], (0, rows - n), value=IGNORE_INDEX)   # padding rows score nothing
+        with torch.inference_mode(), capture_qkv(teacher, layer) as tq: t = _scored_logits(teacher, batch, sel, rows)
+        with capture_qkv(_unwrap(model), layer) as sq: s = _scored_logits(model, batch, sel, rows)
+        return stage3_loss(s, t, labels, real_tokens(batch),
                            sq if gamma else None, tq if gamma else None, cfg=ctx.cfg.distill)
     return step
 

@@ -106,9 +106,10 @@ def encode_chat(tokenizer, row: dict, max_len: int | None = None) -> dict:
     return dict(input_ids=ids, labels=labels)
 
 # %% ../nbs/04a_tasks.ipynb #cb83c5a5
-def collate(examples: list[dict], pad_token_id: int, max_len: int | None = None) -> dict:
-    "Right-padded batch (`input_ids`, `labels`, `attention_mask`) from encoded examples."
+def collate(examples: list[dict], pad_token_id: int, max_len: int | None = None, pad_to_multiple_of: int = 1) -> dict:
+    "Right-padded batch (`input_ids`, `labels`, `attention_mask`) from encoded examples, its length a multiple of `pad_to_multiple_of` (at most `max_len`)."
     L = max(len(e['input_ids']) for e in examples)
+    L = -(-L // pad_to_multiple_of) * pad_to_multiple_of
     if max_len: L = min(L, max_len)
     B = len(examples)
     ids = torch.full((B, L), pad_token_id, dtype=torch.long)
@@ -276,7 +277,7 @@ class TaskStream:
     "Batches of encoded task examples for the trainer; resumable (`state_dict`), rank-sharded, optionally packed."
     def __init__(self, examples: list[dict], batch_size: int, pad_token_id: int, seq_len: int | None = None,
                  pack_rows: bool = False, seed: int = 0, finite: bool = False, rank: int = 0, world_size: int = 1,
-                 drop_last: bool = False):
+                 drop_last: bool = False, pad_to_multiple_of: int = 1):
         if pack_rows:
             if not seq_len: raise ValueError("packing needs seq_len")
             examples = pack(examples, seq_len, pad_token_id)
@@ -284,7 +285,7 @@ class TaskStream:
         self.items = examples[rank::world_size]
         if not self.items: raise TaskFormatError("no examples for this rank: the task is smaller than world_size")
         self.bs, self.pad, self.seq_len, self.packed = batch_size, pad_token_id, seq_len, pack_rows
-        self.seed, self.finite, self.drop_last = seed, finite, drop_last
+        self.seed, self.finite, self.drop_last, self.multiple = seed, finite, drop_last, pad_to_multiple_of
         self.epoch, self.index = 0, 0
 
 # %% ../nbs/04a_tasks.ipynb #0ca92e1e
@@ -314,7 +315,7 @@ def __next__(self: TaskStream):
         take += [self.items[i] for i in nxt[:self.bs - len(take)]]
         self.epoch, self.index = self.epoch + 1, self.bs - (len(order) - self.index)
     else: self.index += self.bs
-    return stack_rows(take) if self.packed else collate(take, self.pad, self.seq_len)
+    return stack_rows(take) if self.packed else collate(take, self.pad, self.seq_len, self.multiple)
 
 # %% ../nbs/04a_tasks.ipynb #3608e7f9
 @patch
@@ -337,7 +338,7 @@ def get_task_data(cfg, tokenizer, split: str = 'train', rank: int = 0, world_siz
     ex = encode_rows(kind, rows, tokenizer, task, cfg.data.seq_len)
     return TaskStream(ex, cfg.training.batch_size, tokenizer.pad_token_id, cfg.data.seq_len,
                       pack_rows=(kind == 'chat' and cfg.data.pack), seed=cfg.training.seed,
-                      finite=split != 'train', rank=rank, world_size=world_size)
+                      finite=split != 'train', rank=rank, world_size=world_size, pad_to_multiple_of=cfg.data.pad_to_multiple_of)
 
 # %% ../nbs/04a_tasks.ipynb #df230165
 def mean_stderr(acc: float, n: int) -> float:
