@@ -387,7 +387,8 @@ def _args_data_generate(dsub):
     gn.add_argument('--seed', type=int, default=0); gn.add_argument('--batch', type=_positive_int, default=64, help='samples per part (in parallel)')
     gn.add_argument('--doc-tokens', type=_positive_int, default=256, help='new tokens per sample at most')
     gn.add_argument('--chat', type=float, default=0.5, help='share of chat-formatted parts'); gn.add_argument('--greedy', type=int, default=3)
-    gn.add_argument('--temperature', type=float, default=1.0); gn.add_argument('--dtype', default='bfloat16', choices=['bfloat16', 'float32'])
+    gn.add_argument('--temperature', type=float, default=1.0); gn.add_argument('--dtype', default='auto', choices=['auto', 'bfloat16', 'float32'],
+                                                          help='auto: bfloat16 where it is fast here, else float32')
 
 # %% ../nbs/11_cli.ipynb #c888ca6b
 def _data_validate(a) -> int:

@@ -43,14 +43,17 @@ def heldout_texts(domains=None, chunk_chars: int = 2000) -> dict[str, list[str]]
     return out
 
 # %% ../nbs/08b_generality.ipynb #287d2b7c
-def _autocast(model, on: bool):
-    "bf16 autocast when `on` and the model is on the CPU, else a no-op context."
+def _autocast(model, on: bool | None):
+    "bf16 autocast when `on` (None: where bf16 is fast, as `training.precision=auto` decides) and the model is on the CPU."
+    if on is None:
+        from wf_nb.config import default_precision
+        on = default_precision() == 'bf16'   # an AVX2-only CPU multiplies bf16 ~8x slower than fp32
     return torch.autocast('cpu', dtype=torch.bfloat16, enabled=on and next(model.parameters()).device.type == 'cpu')
 
 @torch.no_grad()
 def generality_ppl(model, tokenizer, texts: dict[str, list[str]], max_tokens: int = 16000, seq_len: int = 256,
-                   autocast: bool = True) -> dict[str, float]:
-    "Perplexity per domain of `texts` (`heldout_texts()`), bf16 autocast on CPU when `autocast`."
+                   autocast: bool | None = None) -> dict[str, float]:
+    "Perplexity per domain of `texts` (`heldout_texts()`), bf16 autocast on CPU when `autocast` (None: where it is fast)."
     with _autocast(model, autocast):
         return {d: perplexity(model, t, tokenizer, seq_len=seq_len, max_tokens=max_tokens)['perplexity'] for d, t in texts.items()}
 
@@ -91,10 +94,10 @@ def teacher_answers(teacher, tokenizer, prompts=None, max_new: int = 64) -> list
 
 # %% ../nbs/08b_generality.ipynb #b6c78907
 @torch.no_grad()
-def chat_agreement(student, teacher, pairs: list[dict], autocast: bool = True) -> dict:
+def chat_agreement(student, teacher, pairs: list[dict], autocast: bool | None = None) -> dict:
     "Mean per-token `KL(teacher || student)` and top-1 agreement on the answer tokens of `pairs` (`teacher_answers`)."
     kl, agree, n = 0.0, 0, 0
-    ctx = lambda: torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast)
+    ctx = lambda: _autocast(student, autocast)
     for pr in pairs:
         if not pr['answer_ids']: continue
         ids = torch.tensor([pr['prompt_ids'] + pr['answer_ids']]); a, L = len(pr['prompt_ids']), len(pr['answer_ids'])
@@ -200,7 +203,7 @@ def mc_baselines(rows: list[dict], tokenizer=None) -> dict[str, float]:
 
 # %% ../nbs/08b_generality.ipynb #e676ece2
 @torch.no_grad()
-def generality_mc(model, tokenizer, rows: dict[str, list[dict]], autocast: bool = True, max_len: int = 1024) -> dict[str, dict]:
+def generality_mc(model, tokenizer, rows: dict[str, list[dict]], autocast: bool | None = None, max_len: int = 1024) -> dict[str, dict]:
     "{domain: `multiple_choice` result} (acc, acc_norm, their standard errors, n) on `rows` (`heldout_mc()`)."
     out = {}
     with _autocast(model, autocast):

@@ -135,17 +135,21 @@ def _write_parts(out: Path, parts: dict[int, int], tokens: int, model, tokenizer
 
 # %% ../nbs/04d_synth.ipynb #6f3acb78
 def generate_corpus(out, tokens: int, teacher='smollm2_135m', seed: int = 0, batch: int = 64, doc_tokens: int = 256,
-                    chat: float = 0.5, greedy: int = 3, temperature: float = 1.0, dtype: str = 'bfloat16',
+                    chat: float = 0.5, greedy: int = 3, temperature: float = 1.0, dtype: str = 'auto',
                     model=None, tokenizer=None, progress: bool = True) -> dict:
     """Sample at least `tokens` tokens from `teacher` (a model preset, or `model` + `tokenizer`) into JSONL parts in
     `out`: `batch` samples of up to `doc_tokens` new tokens per part, a share `chat` of the parts chat-formatted,
     plain ones from a random first token with `greedy` top-1 steps. `out=None`: the cache folder the `teacher` data
-    source reads (`wf_nb.corpora.teacher_dir`). Resumes; returns the corpus summary."""
+    source reads (`wf_nb.corpora.teacher_dir`). `dtype` auto: bfloat16 where the hardware multiplies it fast, else
+    float32 (`wf_nb.config.default_precision`). Resumes; returns the corpus summary."""
     out = Path(out) if out is not None else teacher_dir(teacher)
     if tokens <= 0 or batch <= 0 or doc_tokens <= 0 or not 0 <= chat <= 1 or temperature <= 0:
         raise DataError(f"generate: tokens, batch, doc_tokens and temperature must be > 0 and chat in [0, 1] "
                         f"(got {tokens}, {batch}, {doc_tokens}, {temperature}, {chat})")
     name = teacher if isinstance(teacher, str) else type(model).__name__
+    if dtype == 'auto':
+        from wf_nb.config import default_precision
+        dtype = 'bfloat16' if default_precision() == 'bf16' else 'float32'   # bf16 on an AVX2-only CPU: ~8x slower
     settings = dict(teacher=name, seed=seed, batch=batch, doc_tokens=doc_tokens, chat=chat, greedy=greedy,
                     temperature=temperature, dtype=dtype)
     _check_corpus_dir(out, settings)
