@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from .errors import WFError
 from .kernels import PackedBitLinear, act_codes
 from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch, q8_head, cpu_ext_reason
-from .quant import BitLinear, unpack_ternary
+from .quant import BitLinear, unpack_ternary, int8_mm
 from .io import atomic_dir, atomic_file, check_output, mark_output, OutputError
 
 # %% auto #0
@@ -220,7 +220,7 @@ def _rotate_half(x): return torch.cat((-x[..., x.shape[-1] // 2:], x[..., :x.sha
 class _Proj:
     "One or more PackedBitLinears that read the same input, fused: their ternary weights stacked, one scale per output."
     def __init__(self, mods, ext=None):
-        # [N, K] int8, which `torch._int_mm` reads transposed (each output's K codes contiguous: the fast layout for one-row
+        # [N, K] int8, which `int8_mm` reads transposed (each output's K codes contiguous: the fast layout for one-row
         # products); unpacked here, not through `m.ternary()`, whose cache would hold a second copy
         w = torch.cat([unpack_ternary(m.weight, m.out_features) for m in mods])
         self.s = torch.cat([m.weight_scale.float().expand(m.out_features) for m in mods])
@@ -233,9 +233,9 @@ class _Proj:
             y = self.ext.tern_linear(x if x.dtype in (torch.float32, torch.bfloat16) else x.float(), w, self.s, self.b,
                                      out_dtype == torch.bfloat16)
             return y if y.dtype == out_dtype else y.to(out_dtype)
-        if self.ext is not None: w = self.ext.unpack_int8(w, self.K)   # a longer prompt: int8 for this call, `_int_mm` is faster
+        if self.ext is not None: w = self.ext.unpack_int8(w, self.K)   # a longer prompt: int8 for this call, `int8_mm` is faster
         xq, xs = act_codes(x, backend='torch')   # PackedBitLinear's quantizer
-        y = torch.div(torch._int_mm(xq, w.t()), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
+        y = torch.div(int8_mm(xq, w), xs * self.s)   # exact int32 sums, then PackedBitLinear's one rounding
         if self.b is not None: y += self.b
         return y.to(out_dtype)
 

@@ -14,7 +14,8 @@ except ImportError:  # pragma: no cover - triton is optional; the torch paths ne
     triton = tl = None
     HAS_TRITON = False
 from .quant import (act_quant_int, weight_quant_int, pack_ternary, unpack_ternary, ste_quant, RMSNorm,
-                         haar_transform, haar_width, register_act_codes, register_fake_quant, register_int_rescale, act_quant as q_act_quant, weight_quant as q_weight_quant)
+                         haar_transform, haar_width, register_act_codes, register_fake_quant, register_int_rescale, int8_mm, act_quant as q_act_quant,
+                         weight_quant as q_weight_quant)
 
 # %% auto #0
 __all__ = ['act_quant_ref', 'weight_quant_ref', 'fake_weight_quant_ref', 'fake_act_quant_ref', 'w2a8_ref', 'interpreting',
@@ -285,7 +286,7 @@ _INT_MM = {'ok': hasattr(torch, '_int_mm')}
 def int8_matmul(xq: torch.Tensor, w_int8: torch.Tensor) -> torch.Tensor:
     "`xq [M,K] int8 @ w_int8[N,K].T` -> int32 [M,N] (float32 when `_int_mm` is unavailable), exact."
     if _INT_MM['ok']:
-        try: return torch._int_mm(xq, w_int8.t())
+        try: return int8_mm(xq, w_int8)   # wf_nb.quant's: exact fp32 chunks on a CPU without VNNI
         except RuntimeError: pass
     return xq.float() @ w_int8.float().t()
 

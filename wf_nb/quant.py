@@ -12,13 +12,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'CompiledOrEager', 'weight_quant_compiled',
-           'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm', 'register_act_codes',
-           'register_int_rescale', 'register_fake_quant', 'weight_codes', 'watch_optimizer', 'cached_weight_codes',
-           'shared_act_codes', 'norm_act_codes', 'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm',
-           'BitLinear', 'FusedSubLN', 'fuse_subln', 'FusedInputNorm', 'fuse_input_norm', 'traced_forward', 'bitlinears',
-           'set_lambda', 'weight_codes_per_step', 'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary',
-           'quant_error_stats']
+__all__ = ['FLOAT_EXACT_K', 'CPU_INT8_FAST', 'weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'CompiledOrEager',
+           'weight_quant_compiled', 'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm',
+           'register_act_codes', 'register_int_rescale', 'register_fake_quant', 'weight_codes', 'watch_optimizer',
+           'cached_weight_codes', 'shared_act_codes', 'norm_act_codes', 'int_rescale', 'int_linear',
+           'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN', 'fuse_subln', 'FusedInputNorm',
+           'fuse_input_norm', 'traced_forward', 'bitlinears', 'set_lambda', 'weight_codes_per_step', 'quant_state',
+           'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,6 +122,18 @@ def haar_transform(x: torch.Tensor, levels: int | None = None) -> torch.Tensor:
     return torch.cat([a] + details[::-1], dim=-1)
 
 # %% ../nbs/01_quant.ipynb #46790282
+FLOAT_EXACT_K = 1024   # int8 x int8 sums of <= 1024 terms stay within 2^24 (1024 * 128 * 128): exact in fp32, in any order
+CPU_INT8_FAST = any(getattr(torch.cpu, f, lambda: False)() for f in ('_is_vnni_supported', '_is_amx_tile_supported'))
+
+def _float_int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    "`int8_mm` as fp32 GEMMs over chunks of `FLOAT_EXACT_K` inputs, each an exact integer, summed in int32."
+    acc = out if out is not None else a.new_empty((a.shape[0], b.shape[0]), dtype=torch.int32)
+    for k0 in range(0, a.shape[1], FLOAT_EXACT_K):
+        part = torch.mm(a[:, k0:k0 + FLOAT_EXACT_K].float(), b[:, k0:k0 + FLOAT_EXACT_K].float().t())
+        if k0: acc.add_(part.to(torch.int32))
+        else: acc.copy_(part)
+    return acc
+
 def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     "`a [M,K] int8 @ b [N,K].T` -> int32 `[M,N]` (into `out` if given, unless padded), exact (`torch._int_mm`; on CUDA padded to its shape rules)."
     if a.shape[0] == 0: return a.new_zeros((0, b.shape[0]), dtype=torch.int32)
@@ -129,6 +141,7 @@ def int8_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
         m, k, n = a.shape[0], a.shape[1], b.shape[0]
         pm, pk, pn = max(17 - m, 0), -k % 8, -n % 8
         if pm or pk or pn: return torch._int_mm(F.pad(a, (0, pk, 0, pm)), F.pad(b, (0, pk, 0, pn)).t())[:m, :n]
+    elif not CPU_INT8_FAST: return _float_int8_mm(a, b, out)   # no VNNI/AMX: torch's int8 GEMM is ~45x slower than fp32's
     return torch._int_mm(a, b.t(), out=out)
 
 # %% ../nbs/01_quant.ipynb #198e32d7
