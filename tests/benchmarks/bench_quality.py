@@ -1,7 +1,8 @@
 """Quality at equal student tokens: the wf_nb ternary pipeline against a KD-QAT peer, naive ternary QAT, PTQ and the FP teacher.
 
 Issues 12 and 33, side by side in one script. SmolLM2-135M-Instruct (Q4_1) is made ternary with 153,600 student
-tokens (300 steps x 4 x 128, bf16 autocast; teacher forwards do not count) and every arm is scored on
+tokens (300 steps x 4 x 128, in --precision: bf16 autocast where the CPU has fast bf16, AVX512-BF16 or AMX, else fp32,
+as `training.precision=auto` picks; teacher forwards do not count) and every arm is scored on
 
   generality    six held-out domains that no training set or mixture contains (wf_nb.generality.HELDOUT_DOMAINS:
                 dictionary, computing_lore, quotations, changelogs, manuals, structured_data), each as perplexity
@@ -10,8 +11,8 @@ tokens (300 steps x 4 x 128, bf16 autocast; teacher forwards do not count) and e
                 64-token answers: mean KL(teacher || student) per answer token, and top-1 agreement
   mc            zero-shot multiple choice on the same six domains (wf_nb.generality.heldout_mc: --mc-items items per
                 domain, default 100; a 40-word context and four continuations of 10-15 words, the true one and three
-                spans from far away in the same domain), scored as `wf eval --mc` scores (summed log-likelihood, bf16
-                autocast): accuracy per domain, student/teacher and (acc - 0.25) / (teacher's - 0.25)
+                spans from far away in the same domain), scored as `wf eval --mc` scores (summed log-likelihood, in the
+                arm's precision): accuracy per domain, student/teacher and (acc - 0.25) / (teacher's - 0.25)
   legacy        issue 12's three sources: the Shakespeare documents the data split holds out, three books of the KJV
                 Bible (Psalms, Luke, Acts) and four license texts. Scripture and legal text are training domains of
                 the `general` mixture, so for its arms these two columns are not held-out domains.
@@ -25,7 +26,7 @@ Arms (each in its own process, `--parallel` at a time); DATA is a data preset or
   kd_peer[@DATA[@LR]]     the practitioner's peer: AutoBitLinear (no SubLN) trained by plain logits KD from the FP
                           teacher (forward KL, T = 1), AdamW (weight decay 0.01, grad clip 1) with 10% linear warm-up
                           then cosine to 0 (transformers' schedule); LR default 1e-3 (issue 33: the better of 5e-4 and 1e-3)
-  wf_pipeline[@DATA]      `wf pipeline -m smollm2_135m --tokens 153600 training.precision=bf16` on DATA: wf_nb's
+  wf_pipeline[@DATA]      `wf pipeline -m smollm2_135m --tokens 153600 training.precision=P` on DATA: wf_nb's
                           defaults, Stage 1 -> 1.9 -> 2 (--wf-args adds settings, e.g. "--split 0.25 training.lr=1e-3")
 
     python tests/benchmarks/bench_quality.py [--tokens 153600] [--arms fp,ptq,naive_qat,kd_peer,wf_pipeline]
@@ -81,8 +82,13 @@ def cfg_for(precision='bf16', seed=42, data='shakespeare'):
     return get_config([f'training.batch_size={B}', f'data.seq_len={S}', f'training.seed={seed}', f'training.precision={precision}',
                        *data_overrides(data)], stage='2', model='smollm2_135m')
 
-def evaluate(model, max_tokens: int, teacher=None, answers=None, mc_items: int = 100) -> dict:
-    "Perplexity per legacy source and per generality domain (bf16 autocast, as trained); chat agreement with `teacher`; multiple choice."
+def bf16(precision: str) -> bool:
+    "Whether `precision` (bf16 | fp32 | auto) means bf16 autocast; auto: where the CPU has fast bf16 (`wf_nb.config.default_precision`)."
+    from wf_nb.config import default_precision
+    return (default_precision() if precision == 'auto' else precision) == 'bf16'
+
+def evaluate(model, max_tokens: int, teacher=None, answers=None, mc_items: int = 100, autocast: bool = True) -> dict:
+    "Perplexity per legacy source and per generality domain (bf16 autocast when `autocast`, as trained); chat agreement with `teacher`; multiple choice."
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
@@ -91,7 +97,7 @@ def evaluate(model, max_tokens: int, teacher=None, answers=None, mc_items: int =
     from wf_nb.generality import heldout_texts, generality_ppl, chat_agreement
     cfg = cfg_for(); tok = load_tokenizer(cfg.model)
     model.eval(); res = {}
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
         for name, texts in heldout().items():
             res[name] = perplexity(model, texts, tok, seq_len=256, max_tokens=max_tokens)['perplexity']
         nll, n = 0.0, 0
@@ -100,23 +106,23 @@ def evaluate(model, max_tokens: int, teacher=None, answers=None, mc_items: int =
             nll += float(r['loss']) * int(r['n_tokens']); n += int(r['n_tokens'])
             if n >= max_tokens: break
         res['shakespeare'] = math.exp(nll / n)
-    res['domains'] = generality_ppl(model, tok, heldout_texts(), max_tokens=max_tokens, seq_len=256)
-    if teacher is not None and answers: res.update(chat_agreement(model, teacher, answers))
-    if mc_items: res.update(evaluate_mc(model, mc_items))
+    res['domains'] = generality_ppl(model, tok, heldout_texts(), max_tokens=max_tokens, seq_len=256, autocast=autocast)
+    if teacher is not None and answers: res.update(chat_agreement(model, teacher, answers, autocast=autocast))
+    if mc_items: res.update(evaluate_mc(model, mc_items, autocast))
     return res
 
-def evaluate_mc(model, mc_items: int = 100) -> dict:
-    "Zero-shot multiple choice on the held-out domains (`heldout_mc`, seed 0), as `wf eval --mc` scores it, under bf16 autocast."
+def evaluate_mc(model, mc_items: int = 100, autocast: bool = True) -> dict:
+    "Zero-shot multiple choice on the held-out domains (`heldout_mc`, seed 0), as `wf eval --mc` scores it, under bf16 autocast when `autocast`."
     from wf_nb.assets import load_tokenizer
     from wf_nb.generality import heldout_mc, generality_mc
     t0 = time.time(); model.eval()
-    mc = generality_mc(model, load_tokenizer(cfg_for().model), heldout_mc(n=mc_items))
+    mc = generality_mc(model, load_tokenizer(cfg_for().model), heldout_mc(n=mc_items), autocast=autocast)
     return {'mc': mc, 'mc_items': mc_items, 'mc_eval_s': time.time() - t0}
 
 from bench_train import hf_bitnet   # transformers' AutoBitLinear (online) in every linear but lm_head: the naive QAT layer
 
-def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20):
-    "A plain AdamW loop on the same batches wf_nb trains on (bf16 autocast); the model and the loop's wall seconds."
+def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20, autocast=True):
+    "A plain AdamW loop on the same batches wf_nb trains on (bf16 autocast when `autocast`); the model and the loop's wall seconds."
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
@@ -126,12 +132,12 @@ def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20):
     for step in range(tokens // (B * S)):
         for g in opt.param_groups: g['lr'] = lr * min(1.0, (step + 1) / warmup)
         b = next(batches)
-        with torch.autocast('cpu', dtype=torch.bfloat16): loss = model(input_ids=b['input_ids'], labels=b['labels'], use_cache=False).loss
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast): loss = model(input_ids=b['input_ids'], labels=b['labels'], use_cache=False).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
         if step % 50 == 0: print(f"naive_qat step {step} loss {loss.item():.3f}", file=sys.stderr, flush=True)
     return model, time.perf_counter() - t0
 
-def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_frac=0.1, weight_decay=0.01, clip=1.0):
+def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_frac=0.1, weight_decay=0.01, clip=1.0, autocast=True):
     "Plain logits KD (forward KL, T = 1) from the FP teacher into AutoBitLinear: AdamW, linear warm-up, cosine decay; the model and the loop's wall seconds."
     import torch
     from transformers import get_cosine_schedule_with_warmup
@@ -145,7 +151,7 @@ def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_fra
     model.train(); teacher.eval(); t0 = time.perf_counter()
     for step in range(steps):
         b = next(batches); kw = {k: b[k] for k in ('attention_mask', 'position_ids') if k in b}
-        with torch.autocast('cpu', dtype=torch.bfloat16):
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
             with torch.inference_mode(): t_logits = teacher(input_ids=b['input_ids'], use_cache=False, **kw).logits
             loss = kd_loss(model(input_ids=b['input_ids'], use_cache=False, **kw).logits, t_logits.clone(), labels=b['labels'], T=1.0)
         loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), clip); opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
@@ -179,6 +185,7 @@ def run_arm(arm: str, a) -> dict:
     from wf_nb.generality import cached_answers
     from wf_nb.launch import loaded_allocator
     kind, data, lr = parse_arm(arm)
+    ac = bf16(a.precision)
     torch.manual_seed(0)
     teacher = load_fp_model(cfg_for().model).eval()
     answers = cached_answers(Path(a.out)/'chat_answers.json', teacher, load_tokenizer(cfg_for().model))
@@ -188,7 +195,7 @@ def run_arm(arm: str, a) -> dict:
     t0, cmd, trained, train_s, stages, saved = time.time(), None, 0, 0.0, None, None
     if kind == 'wf_pipeline':
         cmd = ['wf', 'pipeline', '-m', 'smollm2_135m', '--tokens', str(a.tokens), '--runs-dir', str(Path(a.out)/'runs'),
-               'training.precision=bf16', 'logging.progress=false', f'training.allocator={a.allocator}', *data_overrides(data), *shlex.split(a.wf_args)]
+               f"training.precision={'bf16' if ac else 'fp32'}", 'logging.progress=false', f'training.allocator={a.allocator}', *data_overrides(data), *shlex.split(a.wf_args)]
         r = subprocess.run(cmd, text=True, capture_output=True)
         if r.returncode: raise SystemExit(f"wf pipeline failed:\n{r.stderr[-3000:]}")
         out = r.stdout.strip().splitlines()[-1].split('output ')[-1]
@@ -198,13 +205,13 @@ def run_arm(arm: str, a) -> dict:
     elif kind in ('fp', 'ptq', 'naive_qat', 'kd_peer'):
         model = load_fp_model(cfg_for().model)
         if kind != 'fp': model = hf_bitnet(model)
-        if kind == 'naive_qat': (model, train_s), trained = naive_qat(model, a.tokens, data), a.tokens
-        if kind == 'kd_peer': (model, train_s), trained = kd_peer(model, teacher, a.tokens, data, lr or 1e-3), a.tokens
-        cmd = ['python', 'tests/benchmarks/bench_quality.py', '--arms', arm, '--tokens', str(a.tokens)]
+        if kind == 'naive_qat': (model, train_s), trained = naive_qat(model, a.tokens, data, autocast=ac), a.tokens
+        if kind == 'kd_peer': (model, train_s), trained = kd_peer(model, teacher, a.tokens, data, lr or 1e-3, autocast=ac), a.tokens
+        cmd = ['python', 'tests/benchmarks/bench_quality.py', '--arms', arm, '--tokens', str(a.tokens), '--precision', a.precision]
     else: raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)} (optionally @DATA, kd_peer also @LR)")
     wall_s = time.time() - t0
-    res = evaluate(model, a.eval_tokens, teacher, answers, a.mc_items)
-    return {'arm': arm, 'data': data, 'lr': lr, 'output': saved, **res, 'train_s': train_s, 'wall_s': wall_s, 'stage_train_s': stages,
+    res = evaluate(model, a.eval_tokens, teacher, answers, a.mc_items, autocast=ac)
+    return {'arm': arm, 'data': data, 'lr': lr, 'precision': 'bf16' if ac else 'fp32', 'wf_args': a.wf_args if kind == 'wf_pipeline' else '', 'output': saved, **res, 'train_s': train_s, 'wall_s': wall_s, 'stage_train_s': stages,
             'tokens': trained, 'tokens_per_s': trained / train_s if trained and train_s else None,
             'eval_s': time.time() - t0 - wall_s, 'eval_tokens': a.eval_tokens, 'command': ' '.join(cmd), 'threads': torch.get_num_threads(),
             'allocator': loaded_allocator() or 'system'}   # this process's (the wf pipeline it ran gets the same: training.allocator)
@@ -231,7 +238,7 @@ def add_mc(out: Path, paths: dict, mc_items: int = 100):
         torch.manual_seed(0); model = arm_model(r, paths)
         if model is None: r['mc_note'] = 'model not saved'; print(f"{r['arm']}: no model to score (not saved)", file=sys.stderr)
         else:
-            r.update(evaluate_mc(model, mc_items), mc_threads=torch.get_num_threads()); r.pop('mc_note', None)
+            r.update(evaluate_mc(model, mc_items, r.get('precision', 'bf16') == 'bf16'), mc_threads=torch.get_num_threads()); r.pop('mc_note', None)
             if paths.get(r['arm']): r['output'] = paths[r['arm']]
             print(f"{r['arm']}: multiple choice in {r['mc_eval_s']:.0f}s", file=sys.stderr, flush=True)
         tmp = f.with_name(f'.{f.name}.tmp'); tmp.write_text(json.dumps(r, indent=1)); os.replace(tmp, f)
@@ -348,6 +355,41 @@ def speed_table(rows: list[dict]) -> str:
     return '\n'.join(lines) + ('\n\n(training wall: the loop from its first step to its last, checkpoints saved between steps included; '
                                'arm wall: everything before the evaluation, Stage 1 and the process start of `wf pipeline` included)')
 
+def geo_ratio(r: dict, fp: dict) -> float | None:
+    "Geometric mean over the held-out domains of arm `r`'s perplexity / the FP teacher's (`fp`), on the domains both have."
+    d = [k for k in fp.get('domains', {}) if k in r.get('domains', {})]
+    return math.exp(sum(math.log(r['domains'][k] / fp['domains'][k]) for k in d) / len(d)) if d else None
+
+def curve_rows(dirs) -> list[dict]:
+    "Every finished trained arm in `dirs` (one token budget or more each): label, student tokens, geometric-mean ratio to the teacher."
+    arms = [json.loads(f.read_text()) for d in dirs for f in sorted(Path(d).glob('*.json')) if f.name != 'chat_answers.json']
+    arms = [r for r in arms if 'arm' in r]
+    fp = next((r for r in arms if r['arm'] == 'fp'), None)
+    if fp is None: raise SystemExit(f"--curve: no fp arm in {', '.join(map(str, dirs))}: run --arms fp into one of them")
+    label = lambda r: r['arm'] + (f" {r['wf_args']}" if r.get('wf_args') else '')
+    return sorted(({'label': label(r), 'tokens': r['tokens'], 'ratio': geo_ratio(r, fp), 'chat_kl': r.get('chat_kl')}
+                   for r in arms if r['arm'] != 'fp' and r.get('tokens')), key=lambda x: (x['label'], x['tokens']))
+
+def curve_table(rows: list[dict]) -> str:
+    "Perplexity / teacher (geometric mean over the held-out domains) per arm and student-token budget."
+    toks = sorted({r['tokens'] for r in rows}); labels = list(dict.fromkeys(r['label'] for r in rows))
+    cell = {(r['label'], r['tokens']): r['ratio'] for r in rows}
+    lines = ['| arm | ' + ' | '.join(f'{t:,} tokens' for t in toks) + ' |', '|' + '---|' * (len(toks) + 1)]
+    lines += [f'| {l} | ' + ' | '.join(f'{cell[l, t]:.1f}x' if cell.get((l, t)) else '' for t in toks) + ' |' for l in labels]
+    return '\n'.join(lines)
+
+def plot_curve(rows: list[dict], path):
+    "Perplexity / teacher against student tokens, log-log, one line per arm, with the issue's 4x and 2x targets."
+    import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for l in dict.fromkeys(r['label'] for r in rows):
+        pts = [(r['tokens'], r['ratio']) for r in rows if r['label'] == l and r['ratio']]
+        ax.plot(*zip(*pts), marker='o', label=l)
+    for y, t in ((4, '4x target'), (2, '2x target')): ax.axhline(y, ls='--', lw=0.8, c='grey'); ax.text(ax.get_xlim()[0], y * 1.05, t, fontsize=8)
+    ax.set(xscale='log', yscale='log', xlabel='student tokens', ylabel='held-out perplexity / FP teacher (geo. mean of 6 domains)')
+    ax.legend(fontsize=7); fig.tight_layout(); fig.savefig(path, dpi=120); plt.close(fig)
+    return path
+
 def print_tables(out: Path, arms=None, tokens=None, t0=None):
     files = [out/f'{arm}.json' for arm in arms] if arms else sorted(out.glob('*.json'))
     rows = [r for f in files if f.exists() and f.name != 'chat_answers.json' for r in [json.loads(f.read_text())] if 'arm' in r]
@@ -383,8 +425,16 @@ def main():
     ap.add_argument('--table', action='store_true', help='print the tables of the finished arms in --out and exit')
     ap.add_argument('--mc-items', type=int, default=100, help='multiple-choice items per held-out domain (0: none)')
     ap.add_argument('--add-mc', action='store_true', help='add multiple choice to the finished arms in --out, print the tables and exit')
+    ap.add_argument('--precision', default='auto', choices=['auto', 'bf16', 'fp32'],
+                    help='training and evaluation precision of every arm; auto: bf16 where the CPU has fast bf16 (AVX512-BF16, AMX), else fp32 (bf16 matmuls on an AVX2-only CPU are ~8x slower)')
+    ap.add_argument('--curve', nargs='+', metavar='DIR', help='the token curve of the finished arms in these --out folders (one fp arm among them): table, and --plot PNG')
+    ap.add_argument('--plot', metavar='PNG', help='with --curve: also draw it here')
     ap.add_argument('--model', action='append', default=[], metavar='ARM=PATH', help='with --add-mc: where an arm\'s trained model was saved')
     a = ap.parse_args()
+    if a.curve:
+        rows = curve_rows(a.curve); print(curve_table(rows))
+        if a.plot: print(f"plot: {plot_curve(rows, a.plot)}")
+        return
     from exp_stage3_genre import pin_commit
     pin_commit(a.out)   # wf runs resume by fingerprint, which hashes the commit: pinned to this experiment's first
     if a.grad_scale: return grad_scale()
@@ -413,7 +463,7 @@ def main():
             log = open(out/f'{arm}.log', 'a')
             procs[arm] = subprocess.Popen([sys.executable, __file__, '--one', arm, '--out', str(out), '--tokens', str(a.tokens),
                                            '--eval-tokens', str(a.eval_tokens), '--wf-args', a.wf_args,
-                                           '--mc-items', str(a.mc_items)], stdout=log, stderr=log, env=env)
+                                           '--mc-items', str(a.mc_items), '--precision', a.precision], stdout=log, stderr=log, env=env)
         for arm, p in list(procs.items()):
             if p.poll() is not None:
                 del procs[arm]
