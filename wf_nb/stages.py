@@ -20,9 +20,9 @@ from .callbacks import QuantSchedule
 from .quant import bitlinears
 
 # %% auto #0
-__all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA', 'StageSpec',
-           'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage',
-           'pipeline_data', 'run_pipeline', 'smoke']
+__all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA', 'PIPELINE_QUANT_WARMUP',
+           'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step',
+           'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -486,6 +486,16 @@ def pipeline_data(overrides, mixture: str = PIPELINE_DATA, log=print) -> list[st
         return []
     return [f'data.mixture={mixture}']
 
+# %% ../nbs/07_stages.ipynb #7d2f4b68
+PIPELINE_QUANT_WARMUP = 0.5   # share of a pipeline's steps over which lambda ramps 0 -> 1 (BitNet's warm-up): measured, see above
+
+def _pipeline_warmup(model: str, overrides, tokens: int, share: float = PIPELINE_QUANT_WARMUP) -> list[str]:
+    "`['quant.warmup_steps=N']`: a pretrained model is quantized gradually over `share` of the pipeline's steps, unless `overrides` set it."
+    if share <= 0 or _sets(overrides, 'quant.warmup_steps'): return []
+    cfg = get_config(list(overrides) + [f'training.total_tokens={tokens}'], stage='2', model=model)
+    if cfg.model.arch != 'hf' or not cfg.quant.enabled or cfg.peft.method: return []   # conversions of a trained model only
+    return [f'quant.warmup_steps={max(1, round(share * _max_steps(cfg, None, 1)))}']
+
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print, callbacks=()) -> dict:
@@ -498,6 +508,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     if tokens - n19 < 1: raise ValueError(f"--tokens {tokens} with --split {split} leaves Stage 2 no tokens; give more tokens")
     plan = ([('1.9', n19)] if n19 else []) + [('2', tokens - n19)]
     overrides = list(overrides) + pipeline_data(overrides, log=log)   # PIPELINE_DATA unless the overrides choose
+    overrides += _pipeline_warmup(model, overrides, tokens)            # lambda ramps over the first PIPELINE_QUANT_WARMUP
     results, parent = {}, None
     for stage, n in plan:
         comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays
