@@ -386,7 +386,7 @@ def plot_curve(rows: list[dict], path):
         pts = [(r['tokens'], r['ratio']) for r in rows if r['label'] == l and r['ratio']]
         ax.plot(*zip(*pts), marker='o', label=l)
     for y, t in ((4, '4x target'), (2, '2x target')): ax.axhline(y, ls='--', lw=0.8, c='grey'); ax.text(ax.get_xlim()[0], y * 1.05, t, fontsize=8)
-    ax.set(xscale='log', yscale='log', xlabel='student tokens', ylabel='held-out perplexity / FP teacher (geo. mean of 6 domains)')
+    ax.set(xscale='log', yscale='log', xlabel='student tokens', ylabel='perplexity / FP teacher\n(geo. mean, held-out domains)')
     ax.legend(fontsize=7); fig.tight_layout(); fig.savefig(path, dpi=120); plt.close(fig)
     return path
 
