@@ -291,6 +291,24 @@ def generality_table(rows: list[dict]) -> str:
         lines.append(f"| {r['arm']} | " + ' | '.join(cells) + f" | {geo} | {chat[0]} | {chat[1]} | {r['train_s']:.0f} | {tps} |")
     return '\n'.join(lines) + ('\n\n(fp row: the teacher\'s perplexity; other rows: perplexity / teacher\'s)' if fp else '')
 
+def peer_table(rows: list[dict]) -> str:
+    "Each non-peer arm's perplexity / the best KD peer's per held-out domain (best of the peer arms there: the best-tuned), and the issue's targets."
+    fp = next((r for r in rows if r['arm'] == 'fp'), None)
+    peers = [r for r in rows if r['arm'].startswith('kd_peer') and r.get('domains')]
+    arms = [r for r in rows if r is not fp and r not in peers and r.get('domains')]
+    if not (fp and peers and arms): return '(needs the fp arm, a kd_peer arm and another arm)'
+    doms = [d for d in fp['domains'] if all(d in r['domains'] for r in peers)]
+    best = {d: min(r['domains'][d] for r in peers) for d in doms}
+    lines = ['| arm | ' + ' | '.join(doms) + ' | geo. mean | domains <= 0.5x the peer | domains <= 4x the teacher |', '|' + '---|' * (len(doms) + 4)]
+    for r in arms:
+        rat = [r['domains'][d] / best[d] if d in r['domains'] else None for d in doms]
+        ok = [x for x in rat if x is not None]
+        geo = math.exp(sum(map(math.log, ok)) / len(ok)) if ok else None
+        near = sum(r['domains'][d] <= 4 * fp['domains'][d] for d in doms if d in r['domains'])
+        lines.append(f"| {r['arm']} | " + ' | '.join(f'{x:.2f}x' if x is not None else '' for x in rat)
+                     + f" | {'' if geo is None else f'{geo:.2f}x'} | {sum(x <= 0.5 for x in ok)}/{len(ok)} | {near}/{len(ok)} |")
+    return '\n'.join(lines) + f"\n\n(best peer per domain of: {', '.join(r['arm'] for r in peers)})"
+
 def mc_table(rows: list[dict]) -> str:
     "Per held-out domain: items, the FP teacher's MC accuracy, and per other arm its accuracy, student/teacher and (acc - 0.25) / (teacher's - 0.25)."
     from wf_nb.generality import mc_ratios, mc_mean
@@ -400,6 +418,8 @@ def print_tables(out: Path, arms=None, tokens=None, t0=None):
           + (f", {time.time() - t0:.0f}s this invocation" if t0 else ''))
     print('\n## Generality (held-out domains: perplexity / FP teacher; chat agreement with the teacher)\n')
     print(generality_table(rows))
+    print('\n## Against the best-tuned KD peer (perplexity / the peer\'s; issue 33: <= 0.5x on every domain)\n')
+    print(peer_table(rows))
     print('\n## Zero-shot multiple choice on the held-out domains (accuracy; student / teacher)\n')
     print(mc_table(rows))
     mi = next((r['mc_items'] for r in rows if r.get('mc_items')), None)
