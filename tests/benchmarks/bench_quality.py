@@ -269,6 +269,8 @@ def grad_scale():
         g = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in s.parameters() if p.grad is not None)).item()
         print(f'| {name} | {v.item():.4g} | {g:.4g} |', flush=True)
 
+def _geo(xs): return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
 def _fmt(v): return '' if v is None else f'{v:,.0f}' if v >= 1000 else f'{v:.1f}' if v >= 10 else f'{v:.2f}'
 
 def generality_table(rows: list[dict]) -> str:
@@ -284,7 +286,7 @@ def generality_table(rows: list[dict]) -> str:
             rat = [d[k] / fp['domains'][k] if k in d else None for k in doms]
             cells = [f'{x:.2f}x' if x is not None else '' for x in rat]
             ok = [x for x in rat if x is not None]
-            geo = f'{math.exp(sum(map(math.log, ok)) / len(ok)):.2f}x' if ok else ''
+            geo = f'{_geo(ok):.2f}x' if ok else ''
         else: cells, geo = [_fmt(d.get(k)) for k in doms], ''
         tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
         chat = (f"{r['chat_kl']:.3f}", f"{r['chat_top1']:.3f}") if 'chat_kl' in r else ('', '')
@@ -303,7 +305,7 @@ def peer_table(rows: list[dict]) -> str:
     for r in arms:
         rat = [r['domains'][d] / best[d] if d in r['domains'] else None for d in doms]
         ok = [x for x in rat if x is not None]
-        geo = math.exp(sum(map(math.log, ok)) / len(ok)) if ok else None
+        geo = _geo(ok)
         near = sum(r['domains'][d] <= 4 * fp['domains'][d] for d in doms if d in r['domains'])
         lines.append(f"| {r['arm']} | " + ' | '.join(f'{x:.2f}x' if x is not None else '' for x in rat)
                      + f" | {'' if geo is None else f'{geo:.2f}x'} | {sum(x <= 0.5 for x in ok)}/{len(ok)} | {near}/{len(ok)} |")
@@ -376,7 +378,7 @@ def speed_table(rows: list[dict]) -> str:
 def geo_ratio(r: dict, fp: dict) -> float | None:
     "Geometric mean over the held-out domains of arm `r`'s perplexity / the FP teacher's (`fp`), on the domains both have."
     d = [k for k in fp.get('domains', {}) if k in r.get('domains', {})]
-    return math.exp(sum(math.log(r['domains'][k] / fp['domains'][k]) for k in d) / len(d)) if d else None
+    return _geo([r['domains'][k] / fp['domains'][k] for k in d])
 
 def curve_rows(dirs) -> list[dict]:
     "Every finished trained arm in `dirs` (one token budget or more each): label, student tokens, geometric-mean ratio to the teacher."
