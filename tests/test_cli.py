@@ -208,7 +208,7 @@ def test_pipeline_runs_stages_on_one_budget(wf, tmp_path):
     assert len([m for m in metrics(s19) if 'loss' in m]) == 2 and len([m for m in metrics(s2) if 'loss' in m]) == 2
     lin = json.loads((s2 / 'metadata.json').read_text())['lineage']
     assert lin['parent_output'] == f'{s19.name}/final' and lin['parent_run'] == s19.name and len(lin['parent_sha256']) == 64
-    import yaml   # the conversion data: the general mixture (wf_nb.stages.PIPELINE_DATA), or Shakespeare where a part is missing, said
+    import yaml   # the conversion data of a model trained from scratch (no teacher to sample): `general` (wf_nb.stages.PIPELINE_DATA_NO_TEACHER), or Shakespeare where a part is missing, said
     mixture = yaml.safe_load((s2 / 'config.yaml').read_text())['data']['mixture']
     assert mixture == 'general' or (mixture == '' and 'training on Shakespeare only' in r.stdout + r.stderr), (mixture, r.stdout[-2000:])
     again = wf(*args, env=ENV)                                    # nothing retrained

@@ -274,7 +274,10 @@ def _cmd_config(a) -> int:
 # %% ../nbs/11_cli.ipynb #6f65aa19
 def _args_pipeline(sub):
     "`wf pipeline`."
-    pl = sub.add_parser('pipeline', help='Stage 1 -> 1.9 -> 2 on one student-token budget (the measured recipe)')
+    pl = sub.add_parser('pipeline', help='Stage 1 -> 1.9 -> 2 on one student-token budget (the measured recipe)',
+                        description="Stage 1 -> 1.9 -> 2 of one lineage on --tokens student tokens, on the general_teacher mixture unless "
+                                    "data.* overrides choose: it first samples 0.6 x --tokens tokens of the teacher's own text into the cache "
+                                    "where they are missing (once per teacher; `wf data generate` makes them ahead).")
     pl.add_argument('-m', '--model', default='smollm2_135m', help='model preset')
     pl.add_argument('--tokens', type=int, default=153_600, help='student tokens for Stages 1.9 + 2 (teacher forwards do not count)')
     pl.add_argument('--split', type=float, default=None, help="Stage 1.9's share of the tokens (default: wf_nb.stages.PIPELINE_SPLIT)")

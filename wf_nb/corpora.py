@@ -12,7 +12,8 @@ from .io import atomic_dir
 # %% auto #0
 __all__ = ['FORTUNE_FILES', 'BASE_PACKAGES', 'MAN_PAGES', 'CORPORA', 'cached_texts', 'licenses_files', 'python_docs_files',
            'dialogue_files', 'dictd_number', 'dictd_entries', 'gcide_files', 'jargon_files', 'fortunes_files',
-           'changelog_files', 'manpage_files', 'iso_codes_files', 'teacher_dir', 'teacher_files']
+           'changelog_files', 'manpage_files', 'iso_codes_files', 'teacher_dir', 'teacher_files',
+           'teacher_source_files']
 
 # %% ../nbs/00d_corpora.ipynb #37dce8a5
 def cached_texts(name: str, make) -> list[Path]:
@@ -151,10 +152,25 @@ def teacher_dir(teacher: str = 'smollm2_135m') -> Path:
     "Where `wf data generate --teacher TEACHER` writes by default (no `--out`)."
     return Path(os.environ.get('WF_NB_CACHE', Path.home()/'.cache'/'wf_nb'))/'teacher_corpus'/teacher
 
-def teacher_files(teacher: str = 'smollm2_135m') -> list[Path]:
-    "The JSONL parts of the default teacher corpus of `teacher`."
+def _part_tokens(p: Path) -> int: return sum(json.loads(l).get('n_tokens', 0) for l in p.read_text().splitlines() if l.strip())
+
+def teacher_files(teacher: str = 'smollm2_135m', tokens: int | None = None) -> list[Path]:
+    "The JSONL parts of `teacher`'s default corpus: all of them, or the first ones that hold at least `tokens` tokens."
     files = sorted(teacher_dir(teacher).glob('part_*.jsonl'))
-    if not files: raise ModelSourceError(f"no teacher corpus in {teacher_dir(teacher)}: make one with `wf data generate --teacher {teacher} --tokens 200000`")
-    return files
+    make = f"make one with `wf data generate --teacher {teacher} --tokens {tokens or 200000}`"
+    if not files: raise ModelSourceError(f"no teacher corpus in {teacher_dir(teacher)}: {make}")
+    if tokens is None: return files
+    have = 0
+    for i, p in enumerate(files):   # parts are written in index order and never change: a prefix is reproducible
+        have += _part_tokens(p)
+        if have >= tokens: return files[:i + 1]
+    raise ModelSourceError(f"the teacher corpus in {teacher_dir(teacher)} holds {have:,} tokens, fewer than {tokens:,}: {make}")
+
+def teacher_source_files(spec: str) -> list[Path]:
+    "The files of data source `teacher:NAME[@TOKENS]`: model preset NAME's corpus, or its first parts holding TOKENS tokens."
+    name, _, n = spec.removeprefix('teacher:').partition('@')
+    if not name or (n and not n.isdigit()):
+        raise ModelSourceError(f"data source {spec!r}: write teacher:MODEL or teacher:MODEL@TOKENS (e.g. teacher:smollm2_135m@92160)")
+    return teacher_files(name, int(n) if n else None)
 
 CORPORA['teacher'] = teacher_files

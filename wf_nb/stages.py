@@ -20,9 +20,10 @@ from .callbacks import QuantSchedule
 from .quant import bitlinears
 
 # %% auto #0
-__all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA', 'PIPELINE_QUANT_WARMUP',
-           'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step',
-           'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
+__all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA',
+           'PIPELINE_DATA_NO_TEACHER', 'PIPELINE_TEACHER_TOKENS', 'PIPELINE_QUANT_WARMUP', 'StageSpec',
+           'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage',
+           'pipeline_data', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -468,16 +469,40 @@ def _pipeline_compile(model: str, overrides, stage: str, n: int) -> list[str]:
     return ['training.compile=true'] if pays and _can_compile() else []
 
 # %% ../nbs/07_stages.ipynb #bd4d5f79
-PIPELINE_DATA = 'general'   # `wf pipeline`'s conversion data (a registered mixture): measured, see above
+PIPELINE_DATA = 'general_teacher'    # `wf pipeline`'s conversion data (a registered mixture): measured, see above
+PIPELINE_DATA_NO_TEACHER = 'general' # the same without the teacher's samples, where they cannot be had
+PIPELINE_TEACHER_TOKENS = 0.6        # teacher-corpus tokens per student token: the mixture's teacher half (0.5) read once, with room
+_OTHER_TEACHER = ('model.source', 'model.gguf_file', 'model.arch', 'model.tokenizer', 'distill.teacher')
 
-def pipeline_data(overrides, mixture: str = PIPELINE_DATA, log=print) -> list[str]:
-    "`['data.mixture=<mixture>']` unless `overrides` choose the data or a source of `mixture` is missing here (then: said, and [])."
-    from wf_nb.recipes import MIXTURES
+def _teacher_corpus(model: str, overrides, tokens: int, log=print) -> str | None:
+    "`MODEL@N`: the first N tokens of the teacher's own corpus (sampled now where missing, resumably), or None (and said why)."
+    from wf_nb.synth import generate_corpus
+    from wf_nb.corpora import teacher_dir, teacher_files
+    from wf_nb.errors import WFError
+    cfg = get_config(list(overrides), stage='2', model=model)
+    if cfg.model.arch != 'hf' or _sets(overrides, *_OTHER_TEACHER):   # from scratch, or a teacher the preset does not name
+        return None
+    need = max(1, math.ceil(PIPELINE_TEACHER_TOKENS * tokens))
+    try: teacher_files(model, need); return f'{model}@{need}'   # already there (any settings)
+    except WFError: pass
+    log(f"pipeline: sampling {need:,} tokens of {model}'s own text into {teacher_dir(model)} "
+        f"(LLM-QAT data-free distillation; once per teacher, resumable; `wf data generate` makes it ahead)")
+    try: generate_corpus(None, need, teacher=model, progress=cfg.logging.progress)
+    except (WFError, OSError) as e:
+        log(f"pipeline: converting on {PIPELINE_DATA_NO_TEACHER!r} without the teacher's samples ({e})"); return None
+    return f'{model}@{need}'
+
+def pipeline_data(overrides, model: str = 'smollm2_135m', tokens: int = 153_600, mixture: str = PIPELINE_DATA, log=print) -> list[str]:
+    "`['data.mixture=...']` unless `overrides` choose the data; the teacher's part sampled if needed; a missing part is said, and dropped."
+    from wf_nb.recipes import MIXTURES, named_mixture
     from wf_nb.data import text_source
     from wf_nb.errors import WFError
     if _sets(overrides, 'data', 'data.source', 'data.mixture'): return []
+    if any(s == 'teacher' for _, s, _ in MIXTURES[mixture]):
+        teacher = _teacher_corpus(model, overrides, tokens, log)
+        mixture = f'{mixture}:{teacher}' if teacher else PIPELINE_DATA_NO_TEACHER
     missing = []
-    for _, src, _ in MIXTURES[mixture]:
+    for _, src, _ in named_mixture(mixture):
         try: text_source(src)
         except (WFError, OSError, ImportError) as e: missing.append(f"{src}: {e}")
     if missing:
@@ -507,7 +532,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     n19 = int(round(tokens * split))
     if tokens - n19 < 1: raise ValueError(f"--tokens {tokens} with --split {split} leaves Stage 2 no tokens; give more tokens")
     plan = ([('1.9', n19)] if n19 else []) + [('2', tokens - n19)]
-    overrides = list(overrides) + pipeline_data(overrides, log=log)   # PIPELINE_DATA unless the overrides choose
+    overrides = list(overrides) + pipeline_data(overrides, model, tokens, log=log)   # PIPELINE_DATA unless the overrides choose
     overrides += _pipeline_warmup(model, overrides, tokens)            # lambda ramps over the first PIPELINE_QUANT_WARMUP
     results, parent = {}, None
     for stage, n in plan:
