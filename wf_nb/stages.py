@@ -472,7 +472,7 @@ def _pipeline_compile(model: str, overrides, stage: str, n: int) -> list[str]:
 PIPELINE_DATA = 'general_teacher'    # `wf pipeline`'s conversion data (a registered mixture): measured, see above
 PIPELINE_DATA_NO_TEACHER = 'general' # the same without the teacher's samples, where they cannot be had
 PIPELINE_TEACHER_TOKENS = 0.6        # teacher-corpus tokens per student token: the mixture's teacher half (0.5) read once, with room
-_OTHER_TEACHER = ('model.source', 'model.gguf_file', 'model.arch', 'model.tokenizer', 'distill.teacher')
+_OTHER_TEACHER = ('model', 'model.source', 'model.gguf_file', 'model.arch', 'model.tokenizer', 'distill.teacher')   # the corpus is the preset's
 
 def _teacher_corpus(model: str, overrides, tokens: int, log=print) -> str | None:
     "`MODEL@N`: the first N tokens of the teacher's own corpus (sampled now where missing, resumably), or None (and said why)."

@@ -47,7 +47,8 @@ last: no model loading, conversion, data set-up or evaluation; wf_nb's from its 
 between steps included), and the arm's whole wall time before its evaluation. Arms run one after another in separate
 processes, so on a shared machine their speeds compare only as far as the load stayed the same (see
 tests/benchmarks/bench_stage_speed.py for a paired, interleaved step-time comparison). Runs
-resume by fingerprint (the wf arms) and each finished arm's JSON is reused, so an interrupted benchmark continues.
+resume by fingerprint (the wf arms) or from their loop's checkpoint (naive_qat and kd_peer: every 50 steps, in
+OUT/.ARM.TOKENS.loop.pt), and each finished arm's JSON is reused, so an interrupted benchmark continues.
 This is a benchmark (about half an hour per trained arm on 2 CPU cores), not a test."""
 import argparse, json, math, os, shlex, subprocess, sys, time
 from pathlib import Path
@@ -121,23 +122,55 @@ def evaluate_mc(model, mc_items: int = 100, autocast: bool = True) -> dict:
 
 from bench_train import hf_bitnet   # transformers' AutoBitLinear (online) in every linear but lm_head: the naive QAT layer
 
-def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20, autocast=True):
+class LoopCheckpoint:
+    """Resume the peers' own training loops (naive_qat, kd_peer) where a killed benchmark left them: model, optimizer,
+    schedule, data position, step and training seconds, saved atomically every `every` steps to `path` (None: off)
+    and read back with `torch.load(weights_only=True)`. A 614,400-token peer takes longer than a session here."""
+    def __init__(self, path, every: int = 50): self.path, self.every = (Path(path) if path else None), every
+
+    def restore(self, model, opt, sched, batches) -> tuple[int, float]:
+        "(first step to run, training seconds so far): (0, 0.) without a checkpoint."
+        import torch
+        if self.path is None or not self.path.exists(): return 0, 0.
+        ck = torch.load(self.path, weights_only=True)
+        model.load_state_dict(ck['model']); opt.load_state_dict(ck['opt']); batches.load_state_dict(ck['data'])
+        if sched is not None: sched.load_state_dict(ck['sched'])
+        print(f"resumed {self.path.name} at step {ck['step']}", file=sys.stderr, flush=True)
+        return ck['step'], ck['seconds']
+
+    def save(self, step: int, seconds: float, model, opt, sched, batches):
+        "After `step` steps: checkpoint every `every` steps (not at the end: the arm's JSON is the result)."
+        import io, torch
+        from wf_nb.io import atomic_write_bytes
+        if self.path is None or step % self.every: return
+        buf = io.BytesIO()
+        torch.save({'step': step, 'seconds': seconds, 'model': model.state_dict(), 'opt': opt.state_dict(),
+                    'sched': sched.state_dict() if sched is not None else None, 'data': batches.state_dict()}, buf)
+        atomic_write_bytes(self.path, buf.getvalue())
+
+    def done(self):
+        if self.path is not None: self.path.unlink(missing_ok=True)   # ours: the finished arm's JSON replaces it
+
+def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20, autocast=True, ckpt=None):
     "A plain AdamW loop on the same batches wf_nb trains on (bf16 autocast when `autocast`); the model and the loop's wall seconds."
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
     cfg = cfg_for(data=data); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    ck = LoopCheckpoint(ckpt); start, before = ck.restore(model, opt, None, batches)
     model.train(); t0 = time.perf_counter()
-    for step in range(tokens // (B * S)):
+    for step in range(start, tokens // (B * S)):
         for g in opt.param_groups: g['lr'] = lr * min(1.0, (step + 1) / warmup)
         b = next(batches)
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast): loss = model(input_ids=b['input_ids'], labels=b['labels'], use_cache=False).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
         if step % 50 == 0: print(f"naive_qat step {step} loss {loss.item():.3f}", file=sys.stderr, flush=True)
-    return model, time.perf_counter() - t0
+        ck.save(step + 1, before + time.perf_counter() - t0, model, opt, None, batches)
+    ck.done()
+    return model, before + time.perf_counter() - t0
 
-def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_frac=0.1, weight_decay=0.01, clip=1.0, autocast=True):
+def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_frac=0.1, weight_decay=0.01, clip=1.0, autocast=True, ckpt=None):
     "Plain logits KD (forward KL, T = 1) from the FP teacher into AutoBitLinear: AdamW, linear warm-up, cosine decay; the model and the loop's wall seconds."
     import torch
     from transformers import get_cosine_schedule_with_warmup
@@ -148,15 +181,18 @@ def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_fra
     steps = tokens // (B * S)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, max(1, int(warmup_frac * steps)), steps)
+    ck = LoopCheckpoint(ckpt); start, before = ck.restore(model, opt, sched, batches)
     model.train(); teacher.eval(); t0 = time.perf_counter()
-    for step in range(steps):
+    for step in range(start, steps):
         b = next(batches); kw = {k: b[k] for k in ('attention_mask', 'position_ids') if k in b}
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
             with torch.inference_mode(): t_logits = teacher(input_ids=b['input_ids'], use_cache=False, **kw).logits
             loss = kd_loss(model(input_ids=b['input_ids'], use_cache=False, **kw).logits, t_logits.clone(), labels=b['labels'], T=1.0)
         loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), clip); opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
         if step % 50 == 0: print(f"kd_peer step {step} KL {loss.item():.3f} lr {sched.get_last_lr()[0]:.2e}", file=sys.stderr, flush=True)
-    return model, time.perf_counter() - t0
+        ck.save(step + 1, before + time.perf_counter() - t0, model, opt, sched, batches)
+    ck.done()
+    return model, before + time.perf_counter() - t0
 
 def run_train_seconds(run_dir) -> float:
     """A wf_nb run's training wall time from its metrics: each record's window, (tokens since the last record) / its tokens/s.
@@ -205,8 +241,9 @@ def run_arm(arm: str, a) -> dict:
     elif kind in ('fp', 'ptq', 'naive_qat', 'kd_peer'):
         model = load_fp_model(cfg_for().model)
         if kind != 'fp': model = hf_bitnet(model)
-        if kind == 'naive_qat': (model, train_s), trained = naive_qat(model, a.tokens, data, autocast=ac), a.tokens
-        if kind == 'kd_peer': (model, train_s), trained = kd_peer(model, teacher, a.tokens, data, lr or 1e-3, autocast=ac), a.tokens
+        ckpt = Path(a.out)/f'.{arm}.{a.tokens}.loop.pt'   # the loop resumes from here after a kill (LoopCheckpoint)
+        if kind == 'naive_qat': (model, train_s), trained = naive_qat(model, a.tokens, data, autocast=ac, ckpt=ckpt), a.tokens
+        if kind == 'kd_peer': (model, train_s), trained = kd_peer(model, teacher, a.tokens, data, lr or 1e-3, autocast=ac, ckpt=ckpt), a.tokens
         cmd = ['python', 'tests/benchmarks/bench_quality.py', '--arms', arm, '--tokens', str(a.tokens), '--precision', a.precision]
     else: raise SystemExit(f"unknown arm {arm!r}: one of {', '.join(ARMS)} (optionally @DATA, kd_peer also @LR)")
     wall_s = time.time() - t0
