@@ -21,9 +21,9 @@ from .quant import bitlinears
 
 # %% auto #0
 __all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA',
-           'PIPELINE_DATA_NO_TEACHER', 'PIPELINE_TEACHER_TOKENS', 'PIPELINE_QUANT_WARMUP', 'StageSpec',
-           'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage',
-           'pipeline_data', 'run_pipeline', 'smoke']
+           'PIPELINE_DATA_NO_TEACHER', 'PIPELINE_TEACHER_TOKENS', 'PIPELINE_QUANT_WARMUP', 'PIPELINE_LAYERWISE',
+           'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step',
+           'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -521,6 +521,16 @@ def _pipeline_warmup(model: str, overrides, tokens: int, share: float = PIPELINE
     if cfg.model.arch != 'hf' or not cfg.quant.enabled or cfg.peft.method: return []   # conversions of a trained model only
     return [f'quant.warmup_steps={max(1, round(share * _max_steps(cfg, None, 1)))}']
 
+# %% ../nbs/07_stages.ipynb #c8cfeaf9
+PIPELINE_LAYERWISE = 1.0   # the pipeline's layer-wise hidden-state weight (cosine-annealed over each stage): measured, see above
+
+def _pipeline_layerwise(model: str, overrides, w: float = PIPELINE_LAYERWISE) -> list[str]:
+    "`['distill.layerwise_weight=W']` for a pretrained model's ternary conversion, unless `overrides` set the weight."
+    if w <= 0 or _sets(overrides, 'distill.layerwise_weight'): return []
+    cfg = get_config(list(overrides), stage='2', model=model)
+    if cfg.model.arch != 'hf' or not cfg.quant.enabled or cfg.peft.method: return []   # as the ramp: conversions only
+    return [f'distill.layerwise_weight={w}']
+
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print, callbacks=()) -> dict:
@@ -534,6 +544,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     plan = ([('1.9', n19)] if n19 else []) + [('2', tokens - n19)]
     overrides = list(overrides) + pipeline_data(overrides, model, tokens, log=log)   # PIPELINE_DATA unless the overrides choose
     overrides += _pipeline_warmup(model, overrides, tokens)            # lambda ramps over the first PIPELINE_QUANT_WARMUP
+    overrides += _pipeline_layerwise(model, overrides)                 # + the layer-wise hidden-state term
     results, parent = {}, None
     for stage, n in plan:
         comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays
