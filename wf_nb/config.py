@@ -143,7 +143,8 @@ class DistillConfig:
     kd_weight: float = 0.0              # Stages 1.9 / 2: weight of T^2 * KL(teacher || student) (0 = no teacher)
     kd_temperature: float = 1.0         # Stages 1.9 / 2: KD temperature
     layerwise_weight: float = 0.0       # Stages 1.9 / 2: (initial) weight of the layer-wise hidden-state loss
-    layerwise_schedule: str = 'cosine'  # cosine (w -> 0 at max_steps) | constant
+    layerwise_schedule: str = 'cosine'  # cosine (w -> 0 at max_steps) | constant (also the attention-map term's)
+    attention_weight: float = 0.0       # Stages 1.9 / 2: (initial) weight of the attention-map KL summed over layers (0 = off)
     temperature: float = 5.0            # Stage 3 logits KD temperature
     lambda_logits: float = 10.0         # Stage 3: weight of T^2 * KL
     gamma_attn: float = 1e5             # Stage 3: weight of the Q/K/V relation loss

@@ -5,7 +5,7 @@
 # %% ../nbs/05_distill.ipynb #31f68a7e
 from __future__ import annotations
 import math, sys
-from contextlib import contextmanager
+from contextlib import contextmanager, ExitStack
 import torch
 import torch.nn.functional as F
 from .config import DistillConfig
@@ -14,7 +14,7 @@ from .losses import IGNORE_INDEX, lm_loss, compilable
 # %% auto #0
 __all__ = ['real_tokens', 'kl_sum', 'kd_loss', 'hidden_distance', 'layerwise_loss', 'layerwise_weight_at',
            'pretrain_distill_loss', 'decoder_layers', 'layer_index', 'attention_module', 'capture_qkv',
-           'attention_relation_loss', 'stage3_loss', 'kd_midtrain_loss']
+           'attention_relation_loss', 'capture_attention', 'attention_map_loss', 'stage3_loss', 'kd_midtrain_loss']
 
 # %% ../nbs/05_distill.ipynb #a331ec62
 def _is_labels(t):
@@ -91,8 +91,9 @@ def layerwise_weight_at(step: int, max_steps: int, w0: float = 1.0, schedule: st
 
 # %% ../nbs/05_distill.ipynb #71d8a400
 def pretrain_distill_loss(student_out, teacher_out, labels, mask=None, step: int = 0, max_steps: int = 1,
-                          cfg: DistillConfig | None = None) -> dict:
-    "Stage 1.9 / 2 loss `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise`, with every term (detached) for logging."
+                          cfg: DistillConfig | None = None, s_maps=None, t_maps=None) -> dict:
+    """Stage 1.9 / 2 loss `ce_weight*CE + kd_weight*KD_T + w(step)*(layerwise + attention_weight*attention maps)`, every
+    term (detached) logged; `s_maps` / `t_maps`: `capture_attention` of both forwards, when `attention_weight > 0`."""
     cfg = cfg or DistillConfig()
     w = layerwise_weight_at(step, max_steps, cfg.layerwise_weight, cfg.layerwise_schedule)
     lm = lm_loss(student_out.logits if cfg.ce_weight else student_out.logits.detach(), labels)   # weight 0: logged, no backward
@@ -106,7 +107,12 @@ def pretrain_distill_loss(student_out, teacher_out, labels, mask=None, step: int
             raise ValueError("the layer-wise term needs hidden states: call both models with output_hidden_states=True")
         lw = layerwise_loss(student_out.hidden_states, teacher_out.hidden_states, mask)
         loss = loss + w * lw; out['layerwise'] = lw.detach()
-    if not torch.is_tensor(loss): raise ValueError("every Stage 1.9 / 2 loss weight is 0 (distill.ce_weight, kd_weight, layerwise_weight): nothing to train")
+    wa = layerwise_weight_at(step, max_steps, cfg.attention_weight, cfg.layerwise_schedule)
+    if wa > 0:
+        if not s_maps or not t_maps: raise ValueError("distill.attention_weight > 0 needs both forwards' maps: run them under capture_attention")
+        am = attention_map_loss(s_maps, t_maps, mask)   # defined below, with the Q/K capture it reads
+        loss = loss + wa * am; out['attention'] = am.detach()
+    if not torch.is_tensor(loss): raise ValueError("every Stage 1.9 / 2 loss weight is 0 (distill.ce_weight, kd_weight, layerwise_weight, attention_weight): nothing to train")
     return dict(loss=loss, ce=lm['loss'].detach(), w=w, **out, n_tokens=lm['n_tokens'], n_correct=lm['n_correct'])
 
 # %% ../nbs/05_distill.ipynb #4b6ec534
@@ -212,6 +218,37 @@ def attention_relation_loss(s_qkv, t_qkv, mask=None, relation_heads: int = 32, s
             kl = (lt.exp() * (lt - ls)).masked_fill(~keep[:, None, None, :], 0.).sum(-1)   # [B, R, S]
             total = total + (kl * keep[:, None, :]).sum() / n_rows.clamp(min=1)
     return total / R
+
+# %% ../nbs/05_distill.ipynb #c174760f
+@contextmanager
+def capture_attention(model):
+    "Within the block, each forward of `model` stores every decoder layer's Q and K (`capture_qkv`) and its scaling: a list of dicts."
+    with ExitStack() as stack:
+        sinks = [stack.enter_context(capture_qkv(model, i)) for i in range(len(decoder_layers(model)))]
+        for i, s in enumerate(sinks): s['scaling'] = float(getattr(attention_module(model, i), 'scaling', 0) or 0)
+        yield sinks
+
+def _attention_logp(q, k, keep, scaling: float = 0.):
+    "Causal attention log-probabilities `[B, H, S, S]` of `q` `[B, H, S, d]`, `k` `[B, Hkv, S, d]`; keys not in `keep` get ~0 mass."
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    a = (q.float() @ k.float().transpose(-1, -2)) * (scaling or q.shape[-1] ** -0.5)
+    S = a.shape[-1]
+    allowed = torch.ones(S, S, dtype=torch.bool, device=a.device).tril()[None, None] & keep[:, None, None, :]
+    return F.log_softmax(a.masked_fill(~allowed, torch.finfo(a.dtype).min), -1), allowed
+
+def attention_map_loss(s_maps, t_maps, mask=None):
+    "Sum over layers of KL(teacher || student) of causal attention distributions, mean over heads and real query rows."
+    B, H, S, _ = s_maps[0]['q'].shape
+    keep = torch.ones(B, S, dtype=torch.bool, device=s_maps[0]['q'].device) if mask is None else mask.bool()
+    n_rows = (keep.sum() * H).clamp(min=1)
+    total = s_maps[0]['q'].sum().float() * 0.
+    with torch.autocast(s_maps[0]['q'].device.type, enabled=False):   # near-one-hot rows: keep the KL in fp32
+        for s, t in zip(s_maps, t_maps):
+            ls, allowed = _attention_logp(s['q'], s['k'], keep, s.get('scaling', 0.))
+            lt, _ = _attention_logp(t['q'].detach(), t['k'].detach(), keep, t.get('scaling', 0.))
+            kl = (lt.exp() * (lt - ls)).masked_fill(~allowed, 0.).sum(-1)   # [B, H, S]
+            total = total + (kl * keep[:, None, :]).sum() / n_rows
+    return total
 
 # %% ../nbs/05_distill.ipynb #4f3b3d81
 def _scored_terms(student_logits, teacher_logits, labels, T: float):

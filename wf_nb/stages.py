@@ -5,6 +5,7 @@
 # %% ../nbs/07_stages.ipynb #b3db176d
 from __future__ import annotations
 import copy, dataclasses, json, math, os, time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
@@ -75,16 +76,22 @@ def _unwrap(model):
 # autocast dtype of the step (the Trainer's `acc.autocast()` encloses it); its outputs only enter the loss as constants.
 def distill_step(teacher):
     "Stages 1.9 and 2: `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise` towards the frozen FP teacher."
-    from wf_nb.distill import pretrain_distill_loss, layerwise_weight_at, real_tokens
+    from wf_nb.distill import pretrain_distill_loss, layerwise_weight_at, real_tokens, capture_attention
     def step(model, batch, ctx: StepContext):
         d = ctx.cfg.distill
         hidden = layerwise_weight_at(ctx.step, ctx.max_steps, d.layerwise_weight, d.layerwise_schedule) > 0
-        with torch.inference_mode(): t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
-        s = model(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
+        maps = layerwise_weight_at(ctx.step, ctx.max_steps, d.attention_weight, d.layerwise_schedule) > 0
+        if maps and ('position_ids' in batch or d.saliency):
+            raise ValueError("distill.attention_weight > 0 compares plain causal attention: use it without data.doc_mask and distill.saliency")
+        with torch.inference_mode(), (capture_attention(teacher) if maps else nullcontext()) as t_maps:
+            t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
+        with capture_attention(_unwrap(model)) if maps else nullcontext() as s_maps:
+            s = model(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
         if d.saliency:   # the saliency curriculum (wf_nb.curriculum): per-token weights, annealed to uniform
             from wf_nb.curriculum import saliency_distill_loss
             return saliency_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d)
-        return pretrain_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d)
+        return pretrain_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d,
+                                     s_maps=s_maps, t_maps=t_maps)
     return step
 
 # %% ../nbs/07_stages.ipynb #84db2d88
@@ -232,7 +239,7 @@ def _scratch_student(cfg, parent_path):
 def _fp_teacher(cfg, run, acc):
     "Stages 1.9 and 2: the lineage's FP model (or `distill.teacher`), only when a term of the loss needs a teacher."
     d = cfg.distill
-    return _teacher(cfg, d.teacher or None) if d.kd_weight > 0 or d.layerwise_weight > 0 or d.saliency else None
+    return _teacher(cfg, d.teacher or None) if d.kd_weight > 0 or d.layerwise_weight > 0 or d.attention_weight > 0 or d.saliency else None
 
 def _stage3_teacher(cfg, run, acc):
     "Stage 3: the task-fine-tuned FP model (`distill.teacher`, else the newest FP-SFT run); recorded in the run."
