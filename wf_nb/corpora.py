@@ -12,7 +12,7 @@ from .io import atomic_dir
 # %% auto #0
 __all__ = ['FORTUNE_FILES', 'BASE_PACKAGES', 'MAN_PAGES', 'CORPORA', 'cached_texts', 'licenses_files', 'python_docs_files',
            'dialogue_files', 'dictd_number', 'dictd_entries', 'gcide_files', 'jargon_files', 'fortunes_files',
-           'changelog_files', 'manpage_files', 'iso_codes_files', 'teacher_dir', 'teacher_files',
+           'changelog_files', 'manpage_files', 'iso_codes_files', 'teacher_dir', 'part_tokens', 'teacher_files',
            'teacher_source_files']
 
 # %% ../nbs/00d_corpora.ipynb #37dce8a5
@@ -152,7 +152,9 @@ def teacher_dir(teacher: str = 'smollm2_135m') -> Path:
     "Where `wf data generate --teacher TEACHER` writes by default (no `--out`)."
     return Path(os.environ.get('WF_NB_CACHE', Path.home()/'.cache'/'wf_nb'))/'teacher_corpus'/teacher
 
-def _part_tokens(p: Path) -> int: return sum(json.loads(l).get('n_tokens', 0) for l in p.read_text().splitlines() if l.strip())
+def part_tokens(p: Path) -> int:
+    "Tokens in one part of a teacher corpus (each row of `wf_nb.synth` records its `n_tokens`)."
+    return sum(json.loads(l)['n_tokens'] for l in p.read_text().splitlines() if l.strip())
 
 def teacher_files(teacher: str = 'smollm2_135m', tokens: int | None = None) -> list[Path]:
     "The JSONL parts of `teacher`'s default corpus: all of them, or the first ones that hold at least `tokens` tokens."
@@ -162,7 +164,7 @@ def teacher_files(teacher: str = 'smollm2_135m', tokens: int | None = None) -> l
     if tokens is None: return files
     have = 0
     for i, p in enumerate(files):   # parts are written in index order and never change: a prefix is reproducible
-        have += _part_tokens(p)
+        have += part_tokens(p)
         if have >= tokens: return files[:i + 1]
     raise ModelSourceError(f"the teacher corpus in {teacher_dir(teacher)} holds {have:,} tokens, fewer than {tokens:,}: {make}")
 

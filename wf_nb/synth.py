@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from .io import atomic_write_text, write_json, read_json
 from .data import DataError, as_tokenizer, tokenizer_id
-from .corpora import teacher_dir
+from .corpora import teacher_dir, part_tokens
 
 # %% auto #0
 __all__ = ['SYNTH_FORMAT', 'sample_batch', 'first_token_ids', 'chat_prefix', 'generate_part', 'generate_corpus']
@@ -101,7 +101,7 @@ def _corpus_parts(out: Path) -> dict[int, int]:
     for p in out.glob('part_*.jsonl'):
         try: k = int(p.stem.split('_')[1])
         except ValueError: continue
-        res[k] = sum(json.loads(l)['n_tokens'] for l in p.read_text().splitlines() if l.strip())
+        res[k] = part_tokens(p)
     return res
 
 # %% ../nbs/04d_synth.ipynb #eb8239d7
