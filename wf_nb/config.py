@@ -14,10 +14,10 @@ from .io import atomic_write_text, load_yaml_text, read_yaml, shorten, YAMLInput
 
 # %% auto #0
 __all__ = ['GROUPS', 'PRESETS', 'STAGE_NAMES', 'RANGES', 'CHOICES', 'PEFT_TARGETS', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE',
-           'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig', 'PeftConfig', 'DistillConfig', 'LoggingConfig',
-           'DistributedConfig', 'WFConfig', 'register_preset', 'ConfigError', 'apply_override', 'normalize_stage',
-           'check_ranges', 'default_precision', 'validate', 'get_config', 'from_dict', 'to_yaml', 'save_yaml',
-           'load_yaml', 'git_info', 'fingerprint']
+           'FINGERPRINT_OFF', 'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig', 'PeftConfig',
+           'DistillConfig', 'LoggingConfig', 'DistributedConfig', 'WFConfig', 'register_preset', 'ConfigError',
+           'apply_override', 'normalize_stage', 'check_ranges', 'default_precision', 'validate', 'get_config',
+           'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
 
 # %% ../nbs/00a_config.ipynb #d34c4eb8
 @dataclass
@@ -460,6 +460,9 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
                       'data.pin_memory', 'data.prefetch_factor',
                       'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus', 'training.allocator')   # where it is stored / what it runs on
 
+# %% ../nbs/00a_config.ipynb #b172fa86
+FINGERPRINT_OFF = {'distill.attention_weight': 0.0}   # dotted path: its off value (added in session 51)
+
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:
     "The commit of the checkout at `path` (default: wf_nb's own, the code that runs) and whether it is dirty (`commit=''` outside git; `$WF_NB_COMMIT` when set)."
@@ -484,10 +487,12 @@ def _drop(d: dict, path: str):
 
 # %% ../nbs/00a_config.ipynb #c33f0f64
 def fingerprint(cfg: WFConfig, commit: str | None = None, ignore=FINGERPRINT_IGNORE) -> str:
-    "SHA256 hex of the canonical config (minus `ignore`d dotted paths) and the git `commit`."
+    "SHA256 hex of the canonical config (minus `ignore`d dotted paths and later options left off) and the git `commit`."
     d = cfg.to_dict()
     if not d.get('peft', {}).get('method'): d.pop('peft', None)   # off: the fingerprint of a config without the group
     for p in ignore: _drop(d, p)
+    for p, off in FINGERPRINT_OFF.items():
+        if cfg.get(p) == off: _drop(d, p)   # a later option while off: the fingerprint of the config before it
     if commit is None: commit = git_info()['commit']
     payload = json.dumps({'config': d, 'commit': commit}, sort_keys=True, separators=(',', ':'))
     return hashlib.sha256(payload.encode()).hexdigest()
