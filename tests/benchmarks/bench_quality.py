@@ -417,33 +417,38 @@ def geo_ratio(r: dict, fp: dict) -> float | None:
     d = [k for k in fp.get('domains', {}) if k in r.get('domains', {})]
     return _geo([r['domains'][k] / fp['domains'][k] for k in d])
 
-def curve_rows(dirs) -> list[dict]:
-    "Every finished trained arm in `dirs` (one token budget or more each): label, student tokens, geometric-mean ratio to the teacher."
+def curve_rows(dirs, alias: dict | None = None) -> list[dict]:
+    """Every finished trained arm in `dirs` (one token budget or more each): label, student tokens, the geometric-mean
+    ratio to the teacher and the worst domain's. `alias` renames labels, so that one recipe run at several budgets
+    under different but equivalent overrides (an explicit default) draws one line."""
     arms = [json.loads(f.read_text()) for d in dirs for f in sorted(Path(d).glob('*.json')) if f.name != 'chat_answers.json']
     arms = [r for r in arms if 'arm' in r]
     fp = next((r for r in arms if r['arm'] == 'fp'), None)
     if fp is None: raise SystemExit(f"--curve: no fp arm in {', '.join(map(str, dirs))}: run --arms fp into one of them")
-    label = lambda r: r['arm'] + (f" {r['wf_args']}" if r.get('wf_args') else '')
-    return sorted(({'label': label(r), 'tokens': r['tokens'], 'ratio': geo_ratio(r, fp), 'chat_kl': r.get('chat_kl')}
+    label = lambda r: (alias or {}).get(l := r['arm'] + (f" {r['wf_args']}" if r.get('wf_args') else ''), l)
+    worst = lambda r: max((r['domains'][k] / fp['domains'][k] for k in fp['domains'] if k in r.get('domains', {})), default=None)
+    return sorted(({'label': label(r), 'tokens': r['tokens'], 'ratio': geo_ratio(r, fp), 'worst': worst(r), 'chat_kl': r.get('chat_kl')}
                    for r in arms if r['arm'] != 'fp' and r.get('tokens')), key=lambda x: (x['label'], x['tokens']))
 
 def curve_table(rows: list[dict]) -> str:
-    "Perplexity / teacher (geometric mean over the held-out domains) per arm and student-token budget."
+    "Perplexity / teacher per arm and student-token budget: geometric mean over the held-out domains (the worst domain)."
     toks = sorted({r['tokens'] for r in rows}); labels = list(dict.fromkeys(r['label'] for r in rows))
-    cell = {(r['label'], r['tokens']): r['ratio'] for r in rows}
+    cell = {(r['label'], r['tokens']): f"{r['ratio']:.1f}x ({r['worst']:.1f}x)" for r in rows if r['ratio']}
     lines = ['| arm | ' + ' | '.join(f'{t:,} tokens' for t in toks) + ' |', '|' + '---|' * (len(toks) + 1)]
-    lines += [f'| {l} | ' + ' | '.join(f'{cell[l, t]:.1f}x' if cell.get((l, t)) else '' for t in toks) + ' |' for l in labels]
+    lines += [f'| {l} | ' + ' | '.join(cell.get((l, t), '') for t in toks) + ' |' for l in labels]
     return '\n'.join(lines)
 
 def plot_curve(rows: list[dict], path):
-    "Perplexity / teacher against student tokens, log-log, one line per arm, with the issue's 4x and 2x targets."
+    "Perplexity / teacher against student tokens, log-log, one colour per arm: geometric mean (solid) and worst domain (dotted), with the issue's 4x and 2x targets."
     import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for l in dict.fromkeys(r['label'] for r in rows):
-        pts = [(r['tokens'], r['ratio']) for r in rows if r['label'] == l and r['ratio']]
-        ax.plot(*zip(*pts), marker='o', label=l)
+        pts = [(r['tokens'], r['ratio'], r['worst']) for r in rows if r['label'] == l and r['ratio']]
+        x, geo, worst = zip(*pts)
+        line, = ax.plot(x, geo, marker='o', label=l)
+        ax.plot(x, worst, marker='.', ls=':', c=line.get_color(), lw=1)
     for y, t in ((4, '4x target'), (2, '2x target')): ax.axhline(y, ls='--', lw=0.8, c='grey'); ax.text(ax.get_xlim()[0], y * 1.05, t, fontsize=8)
-    ax.set(xscale='log', yscale='log', xlabel='student tokens', ylabel='perplexity / FP teacher\n(geo. mean, held-out domains)')
+    ax.set(xscale='log', yscale='log', xlabel='student tokens', ylabel='perplexity / FP teacher, held-out domains\n(solid: geo. mean; dotted: worst domain)')
     ax.legend(fontsize=7); fig.tight_layout(); fig.savefig(path, dpi=120); plt.close(fig)
     return path
 
@@ -488,10 +493,12 @@ def main():
                     help='training and evaluation precision of every arm; auto: bf16 where the CPU has fast bf16 (AVX512-BF16, AMX), else fp32 (bf16 matmuls on an AVX2-only CPU are ~8x slower)')
     ap.add_argument('--curve', nargs='+', metavar='DIR', help='the token curve of the finished arms in these --out folders (one fp arm among them): table, and --plot PNG')
     ap.add_argument('--plot', metavar='PNG', help='with --curve: also draw it here')
+    ap.add_argument('--alias', action='append', default=[], metavar='LABEL=NAME', help="with --curve: show the arm labelled LABEL (arm and --wf-args, as the table prints it; NAME holds no '=') as NAME")
     ap.add_argument('--model', action='append', default=[], metavar='ARM=PATH', help='with --add-mc: where an arm\'s trained model was saved')
     a = ap.parse_args()
     if a.curve:
-        rows = curve_rows(a.curve); print(curve_table(rows))
+        if any('=' not in x for x in a.alias): ap.error(f"--alias takes LABEL=NAME, got {a.alias}")
+        rows = curve_rows(a.curve, dict(x.rsplit('=', 1) for x in a.alias)); print(curve_table(rows))
         if a.plot: print(f"plot: {plot_curve(rows, a.plot)}")
         return
     from exp_stage3_genre import pin_commit
