@@ -118,6 +118,18 @@ def test_sigint_saves_and_stops(wf, tmp_path):
     logs = wf('logs', d.name, env=ENV).stdout
     assert 'INTERRUPTED' in logs and '"loss"' in logs
 
+def test_run_outlives_its_reader(tmp_path):
+    "`wf train ... | head -1`: the reader leaves after one line; the stages still complete, and `wf` says so by its exit code."
+    e = {**os.environ, 'WF_RUNS_DIR': str(tmp_path / 'runs'), **ENV}
+    p = subprocess.Popen([bin_path('wf'), 'train', '-s', '2', *TINY, 'training.max_steps=6'], cwd=tmp_path, env=e,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert p.stdout.readline()        # the first line of output (Stage 1 is made first), then the reader is gone
+    p.stdout.close()
+    assert p.wait(timeout=600) == 0
+    for stage in ('1', '2'):
+        meta = json.loads((only_run(tmp_path / 'runs', stage) / 'metadata.json').read_text())
+        assert meta['status'] == 'COMPLETED', meta    # before: FAILED, BrokenPipeError, while `wf` exited 0
+
 def test_cancel_running_run(wf, tmp_path):
     p = _start(tmp_path, 'train', '-s', '2', *TINY, 'training.max_steps=500', 'training.save_interval=1000')
     d = _wait_for_step(tmp_path / 'runs', '2', 2, p)

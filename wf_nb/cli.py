@@ -10,7 +10,7 @@ from .config import get_config, to_yaml, fingerprint, ConfigError, git_info
 from .errors import BudgetExhausted, Interrupted, WFError, exit_code
 
 # %% auto #0
-__all__ = ['COMMANDS', 'EXIT_CODES', 'main', 'resolve_checkpoint', 'resolve_model']
+__all__ = ['COMMANDS', 'EXIT_CODES', 'OutlivesReader', 'outlive_reader', 'main', 'resolve_checkpoint', 'resolve_model']
 
 # %% ../nbs/11_cli.ipynb #924351a2
 class _Parser(argparse.ArgumentParser):
@@ -135,6 +135,34 @@ def _message(e: BaseException) -> str:
     else: msg = e
     return ' '.join(str(msg).split())
 
+# %% ../nbs/11_cli.ipynb #b732a723
+class OutlivesReader:
+    "A text stream whose failed writes (its reader left, its terminal closed) send it to /dev/null instead of raising."
+    def __init__(self, stream): self.stream, self.lost = stream, False
+    def _lose(self):
+        self.lost = True
+        try: os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())   # Python's own flush at exit succeeds too
+        except (OSError, ValueError, AttributeError): pass
+    def write(self, s):
+        if not self.lost:
+            try: return self.stream.write(s)
+            except (OSError, ValueError): self._lose()
+        return len(s)
+    def flush(self):
+        if not self.lost:
+            try: self.stream.flush()
+            except (OSError, ValueError): self._lose()
+    def __getattr__(self, name): return getattr(self.stream, name)   # fileno, isatty, encoding: tqdm and print need them
+
+@contextlib.contextmanager
+def outlive_reader(on: bool = True):
+    "While inside, `sys.stdout` and `sys.stderr` are `OutlivesReader`s (`on=False`: unchanged)."
+    if not on: yield; return
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = OutlivesReader(sys.stdout), OutlivesReader(sys.stderr)
+    try: yield
+    finally: sys.stdout, sys.stderr = saved
+
 # %% ../nbs/11_cli.ipynb #7d53ad1f
 def main(argv=None) -> int:
     "Entry point of the `wf` console script; returns the exit code (`EXIT_CODES`)."
@@ -145,7 +173,7 @@ def main(argv=None) -> int:
     args = _parse(argv)
     args.entry_point = entry_point   # the `wf` process itself: it may re-run itself (the allocator, wf_nb.launch)
     cmd = args.cmd + (f" {args.data_cmd}" if args.cmd == 'data' else '')
-    with _sigterm_unwinds():
+    with _sigterm_unwinds(), outlive_reader(entry_point and args.cmd != 'logs'):
         try: return _dispatch(args) or 0
         except BrokenPipeError: return _reader_left()   # `wf logs RUN | head`: the reader left; not an error
         except (Exception, KeyboardInterrupt) as e:

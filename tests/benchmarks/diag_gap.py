@@ -1,0 +1,135 @@
+"""Where does a ternary student lose to its FP teacher? The diagnostics behind `nbs/07_stages.ipynb`, "Where the remaining gap is".
+
+Each prints a table for one or more trained students (a `wf pipeline` output, or any checkpoint `wf_nb.load` reads), on
+held-out text none of them trained on (`wf_nb.generality.heldout_texts`), against the FP model of the default preset:
+
+  python tests/benchmarks/diag_gap.py quant-parts STUDENT        # perplexity with parts of the quantization switched off
+  python tests/benchmarks/diag_gap.py positions STUDENT          # the loss by position in 256-token windows, teacher and student
+  python tests/benchmarks/diag_gap.py attention STUDENT...       # per-layer KL between the teacher's and the students' attention maps
+  python tests/benchmarks/diag_gap.py row-scale STAGE1           # per-matrix against per-row absmean scales: weight error, perplexity
+  python tests/benchmarks/diag_gap.py lambda-kl STUDENT          # KL to the teacher at each lambda of the quantization ramp
+
+One thread, fp32 (the numbers in the notebook were taken so, beside training jobs)."""
+import argparse, contextlib, sys
+from pathlib import Path
+import torch, torch.nn.functional as F
+sys.path.insert(0, str(Path(__file__).parent))
+import wf_nb.quant as Q
+from wf_nb.convert import load
+from wf_nb.assets import load_tokenizer, load_fp_model
+from wf_nb.generality import heldout_texts, generality_ppl
+from bench_quality import cfg_for
+
+DOMAINS = ['dictionary', 'quotations', 'manuals', 'structured_data']
+
+def windows(tok, domains=DOMAINS, per_domain: int = 8, seq: int = 256) -> torch.Tensor:
+    "`per_domain` consecutive `seq`-token windows from each held-out domain: `[len(domains) * per_domain, seq]`."
+    texts, rows = heldout_texts(), []
+    for d in domains:
+        ids = tok('\n\n'.join(texts[d])).input_ids[:seq * per_domain]
+        rows += [ids[i:i + seq] for i in range(0, len(ids) - seq + 1, seq)]
+    return torch.tensor(rows)
+
+def teacher(): return load_fp_model(cfg_for().model).float().eval()
+def student(path): return load(path).float().eval()
+
+def ppl_row(name, m, tok, tokens):
+    r = generality_ppl(m, tok, {d: t for d, t in heldout_texts().items() if d in DOMAINS}, max_tokens=tokens, seq_len=256, autocast=False)
+    print(f"| {name} | " + ' | '.join(f'{v:.1f}' for v in r.values()) + ' |', flush=True)
+
+def table_head(first): print(f"| {first} | " + ' | '.join(DOMAINS) + ' |\n|' + '---|' * (len(DOMAINS) + 1))
+
+def quant_parts(a, tok):
+    "Perplexity as trained, then with int8 activations off, then with the latent weights in place of the ternary ones."
+    m, bl = student(a.paths[0]), None
+    bl = [x for x in m.modules() if isinstance(x, Q.BitLinear)]
+    table_head('student, on held-out text (perplexity)')
+    ppl_row('as trained', m, tok, a.tokens)
+    Q.BitLinear.int_forward = False   # the fake-quant path, whose parts can be switched off one by one
+    for x in bl: x.act_bits = 0
+    ppl_row('ternary weights, fp activations', m, tok, a.tokens)
+    for x in bl: x.act_bits = 8
+    Q.weight_quant_compiled = lambda w: w
+    ppl_row('latent fp weights, int8 activations', m, tok, a.tokens)
+
+@torch.no_grad()
+def token_nll(m, x, batch: int = 4) -> torch.Tensor:
+    "Per-token NLL `[rows, seq - 1]`."
+    out = [F.cross_entropy(m(x[i:i + batch]).logits[:, :-1].float().transpose(1, 2), x[i:i + batch, 1:], reduction='none')
+           for i in range(0, len(x), batch)]
+    return torch.cat(out)
+
+def positions(a, tok):
+    x = windows(tok)
+    t, s = token_nll(teacher(), x), token_nll(student(a.paths[0]), x)
+    print('| positions | teacher NLL | student NLL | gap |\n|---|---|---|---|')
+    for lo, hi in [(0, 32), (32, 64), (64, 127), (127, 160), (160, 200), (200, 255)]:
+        print(f'| {lo + 1}-{hi} | {t[:, lo:hi].mean():.2f} | {s[:, lo:hi].mean():.2f} | {s[:, lo:hi].mean() - t[:, lo:hi].mean():.2f} |')
+
+@torch.no_grad()
+def attention_maps(m, x) -> list[torch.Tensor]:
+    "Each layer's causal attention log-probabilities `[B, H, S, S]`, from its captured post-RoPE q and k."
+    from wf_nb.distill import capture_qkv, decoder_layers
+    out = []
+    with contextlib.ExitStack() as st:
+        sinks = [st.enter_context(capture_qkv(m, i)) for i in range(len(decoder_layers(m)))]
+        m(x)
+        for s in sinks:
+            q, k = s['q'].float(), s['k'].float()
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)   # GQA
+            sc = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+            n = sc.shape[-1]
+            out.append(F.log_softmax(sc.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float('-inf')), -1))
+    return out
+
+def attention(a, tok):
+    x = windows(tok, per_domain=2)
+    t = attention_maps(teacher(), x)
+    xlogx = lambda p, l: torch.where(p.isinf(), 0., p.exp() * l)   # 0 log 0 = 0 on the masked keys
+    ent = [(-xlogx(l, l).sum(-1))[..., 8:].mean().item() for l in t]   # rows with 8+ keys
+    print('| model | KL(teacher || model) per layer, nats | mean |\n|---|---|---|')
+    for path in a.paths:
+        kls = [xlogx(lt, lt - ls).sum(-1)[..., 8:].mean().item() for lt, ls in zip(t, attention_maps(student(path), x))]
+        print(f"| {path} | {' '.join(f'{v:.2f}' for v in kls)} | {sum(kls) / len(kls):.2f} |")
+    print(f"| teacher's entropy | {' '.join(f'{v:.2f}' for v in ent)} | {sum(ent) / len(ent):.2f} |")
+
+def row_quant(w):
+    "Fake-quantized ternary weight with one absmean scale per output row."
+    wf = w.float(); s = 1.0 / wf.abs().mean(dim=1, keepdim=True).clamp(min=1e-5)
+    return (wf * s).round().clamp(-1, 1).div(s).to(w.dtype)
+
+def row_scale(a, tok):
+    m = student(a.paths[0])
+    named = [(n.split('.')[-1], x.weight.detach().float()) for n, x in m.named_modules() if isinstance(x, Q.BitLinear)]
+    kinds = list(dict.fromkeys(k for k, _ in named))
+    err = lambda q: {k: sum(((w - q(w)).norm() / w.norm()).item() for n, w in named if n == k) / sum(n == k for n, _ in named) for k in kinds}
+    print('| scale | ' + ' | '.join(kinds) + ' |\n|' + '---|' * (len(kinds) + 1))
+    for name, q in (('per matrix', Q.weight_quant), ('per row', row_quant)):
+        print(f'| {name}: relative weight error | ' + ' | '.join(f'{v:.3f}' for v in err(q).values()) + ' |')
+    Q.BitLinear.int_forward = False
+    table_head('rounded, untrained (perplexity)')
+    ppl_row('per-matrix scale', m, tok, a.tokens)
+    Q.weight_quant_compiled = row_quant
+    ppl_row('per-row scale', m, tok, a.tokens)
+
+def lambda_kl(a, tok):
+    x = windows(tok, per_domain=1)[:, :128]
+    with torch.no_grad(): tl = teacher()(x).logits.float().log_softmax(-1)
+    m = student(a.paths[0])
+    print('| lambda | KL(teacher || student), nats/token |\n|---|---|')
+    for lam in (0, 0.06, 0.13, 0.25, 0.5, 1.0):
+        Q.set_lambda(m, lam)
+        with torch.no_grad(): sl = m(x).logits.float().log_softmax(-1)
+        print(f'| {lam} | {(tl.exp() * (tl - sl)).sum(-1).mean():.3f} |', flush=True)
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('what', choices=['quant-parts', 'positions', 'attention', 'row-scale', 'lambda-kl'])
+    ap.add_argument('paths', nargs='+', help='student checkpoint(s) (row-scale: a Stage-1 output)')
+    ap.add_argument('--tokens', type=int, default=4000, help='held-out tokens per domain for perplexities')
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    tok = load_tokenizer(cfg_for().model)
+    {'quant-parts': quant_parts, 'positions': positions, 'attention': attention, 'row-scale': row_scale, 'lambda-kl': lambda_kl}[a.what](a, tok)
+
+if __name__ == '__main__': main()
