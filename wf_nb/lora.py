@@ -402,7 +402,9 @@ def _gguf_lora_tensors(sd: dict, adapter_dir, scales: dict | None = None) -> dic
         if m is None or m.group(2) not in GGUF_LORA_NAMES: raise ValueError(f"{adapter_dir}: tensor {k} has no llama.cpp name")
         a = v.float().numpy()
         if scales is not None and m.group(2) in ('gate_proj', 'up_proj') and m.group(3) == 'B':   # llama.cpp: (codes x + BAx) / s
-            a = a * scales[f"model.layers.{m.group(1)}.mlp.{m.group(2)}"]
+            name = f"model.layers.{m.group(1)}.mlp.{m.group(2)}"
+            if name not in scales: raise ValueError(f"{adapter_dir}: no weight scale for {name} in the base; pass the base the adapter was trained on")
+            a = a * scales[name]
         tensors[f"blk.{m.group(1)}.{GGUF_LORA_NAMES[m.group(2)]}.weight.lora_{m.group(3).lower()}"] = a
     return tensors
 
