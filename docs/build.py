@@ -303,6 +303,16 @@ def render_nb(nb) -> str:
     body, _ = _exporter().from_notebook_node(rejoin_lines(nbformat.from_dict(d)))
     return body
 
+def inline_images(text: str, base: Path) -> str:
+    "Markdown images with a relative path under `base` (README's, a report's) as inline data URIs: the site is one folder of pages."
+    import base64, mimetypes
+    def data(m):
+        f = (base / m[2]).resolve()
+        if m[2].startswith(('http:', 'https:', 'data:')) or not f.is_file(): return m[0]
+        mime = mimetypes.guess_type(f.name)[0] or 'application/octet-stream'
+        return f"![{m[1]}](data:{mime};base64,{base64.b64encode(f.read_bytes()).decode()})"
+    return re.sub(r'!\[([^\]]*)\]\(([^)\s]+)\)', data, text)
+
 def render_md(text: str) -> str:
     import nbformat
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)])
@@ -382,7 +392,7 @@ def report_pages(log=print) -> list[dict]:
         name = 'report-' + re.sub(r'[^\w.-]+', '-', str(rel.with_suffix(''))) + '.html'
         if p.suffix == '.md':
             text = p.read_text(); m = re.search(r'^#\s+(.+)$', text, re.M)
-            body = render_md(text if m else f'# {rel.stem}\n\n{text}'); title = m[1] if m else rel.stem
+            body = render_md(inline_images(text if m else f'# {rel.stem}\n\n{text}', p.parent)); title = m[1] if m else rel.stem
         else:
             import nbformat
             nb = nbformat.reads(p.read_text(), as_version=4)   # joins list-of-lines sources, as nbconvert expects strings
@@ -495,7 +505,7 @@ def build(out: Path, execute_which: str = 'all', jobs: int = 2, log=print) -> li
         pages.append(dict(name=page_name(p), title=('Home' if p.stem == 'index' else title), summary=fm.get('description', ''),
                           body=body, group='Start' if p.stem == 'index' else 'Library'))
     pages.insert(1, dict(name='pipeline.html', title='The pipeline', summary='Stage 1 -> 1.9 -> 2 -> 3, with the measured tables',
-                         body=_links(render_md(pipeline_md()), cfg.doc_host), group='Start'))
+                         body=_links(render_md(inline_images(pipeline_md(), ROOT)), cfg.doc_host), group='Start'))
     pages += report_pages(log)
     unique_titles(pages)
     fix_anchors(pages)
