@@ -326,6 +326,8 @@ def _links(body: str, doc_host: str) -> str:
     if git: body = re.sub(rf'href="{re.escape(git)}/(?:blob|tree)/[^/"]+/([^"#]+)(?:#L(\d+))?"',
                           lambda m: f'href="{source_href(m[1], int(m[2]) if m[2] else None)}"', body)
     body = re.sub(r'\{target="_blank"[^}]*\}', '', body).replace('#LNone"', '"')     # Quarto link attributes nbconvert shows as text
+    body = re.sub(r'href="(?:\.\./)*papermill_runs/reports/([^"#]+?)\.(?:md|ipynb)"',   # README's links to a report: its page here
+                  lambda m: f'href="{report_page_name(m[1])}"', body)
     ids = set(re.findall(r'\bid="([^"]+)"', body))
     def lower_anchor(m):
         low = m[2].lower()
@@ -382,6 +384,10 @@ def pipeline_md() -> str:
         return sec + ('\n\n' + quality_chart(sec) if m[1].startswith('Quality') else '')
     return re.sub(r'^\{\{README: (.+?)\}\}$', section, src, flags=re.M)
 
+def report_page_name(rel: str) -> str:
+    "The site page of the report at papermill_runs/reports/`rel` (without its suffix)."
+    return 'report-' + re.sub(r'[^\w.-]+', '-', rel) + '.html'
+
 def report_pages(log=print) -> list[dict]:
     "Pages for papermill_runs/reports/** (notebooks and markdown) and for the benchmark scripts."
     pages = []
@@ -389,7 +395,7 @@ def report_pages(log=print) -> list[dict]:
     for p in sorted(rep.rglob('*')) if rep.exists() else []:
         if p.suffix not in ('.ipynb', '.md') or any(s.startswith('.') for s in p.parts): continue
         rel = p.relative_to(rep)
-        name = 'report-' + re.sub(r'[^\w.-]+', '-', str(rel.with_suffix(''))) + '.html'
+        name = report_page_name(str(rel.with_suffix('')))
         if p.suffix == '.md':
             text = p.read_text(); m = re.search(r'^#\s+(.+)$', text, re.M)
             body = render_md(inline_images(text if m else f'# {rel.stem}\n\n{text}', p.parent)); title = m[1] if m else rel.stem

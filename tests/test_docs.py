@@ -142,6 +142,7 @@ def test_every_notebook_is_a_page(site):
     for p in nbs: assert f'href="{_nbpath2html(p).name}"' in index, p                  # and every notebook in its nav
     pipe = (site / 'pipeline.html').read_text()
     assert all(f'Stage {s}' in pipe for s in ('1', '1.9', '2', '3')) and 'naive ternary QAT' in pipe   # README's measured table
+    assert 'href="papermill_runs/reports/' not in pipe and 'href="report-generality_log.html"' in pipe   # README's report links: their pages
 
 def _shows_output(page: str) -> bool:
     "Whether a page shows a cell's output other than markdown: printed text, a value, or a plot (`output_png output_subarea`)."
