@@ -63,6 +63,14 @@ def test_rerun_resumes_or_refuses(wf, tmp_path):
     assert len([p for p in runs.iterdir() if p.name.startswith(s2.name)]) == 2
     table = wf('runs', env=ENV).stdout
     assert s2.name in table and 'COMPLETED' in table
+    # prune: the finished runs' checkpoints go (after --yes), their outputs stay, and the finished command still finds them
+    assert 'would free' in wf('runs', 'prune', env=ENV).stdout and list((s2 / 'checkpoints').glob('step_*'))
+    assert 'freed' in wf('runs', 'prune', '--yes', env=ENV).stdout
+    best = [json.loads((s2 / 'best.json').read_text())['checkpoint']] if (s2 / 'best.json').exists() else []
+    assert [p.name for p in (s2 / 'checkpoints').glob('step_*')] == best and (s2 / 'final' / 'model.safetensors').exists()
+    wf('runs', 'prune', '--yes', '--no-keep-best', env=ENV)
+    assert not list((s2 / 'checkpoints').glob('step_*'))
+    assert 'already COMPLETED' in wf(*args, env=ENV).stderr
 
 def _start(tmp_path, *args):
     e = {**os.environ, 'WF_RUNS_DIR': str(tmp_path / 'runs'), **ENV}

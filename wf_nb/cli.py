@@ -343,13 +343,26 @@ def _cmd_smoke(a) -> int:
 # %% ../nbs/11_cli.ipynb #ee461e7b
 def _args_runs(sub):
     "`wf runs`."
-    sub.add_parser('runs', help='list runs').add_argument('--runs-dir', default=None)
+    r = sub.add_parser('runs', help='list runs; `wf runs prune`: free the disk the checkpoints of COMPLETED runs hold',
+                       description="List the runs. `wf runs prune` lists the checkpoints of COMPLETED runs whose output holds their weights, "
+                                   "and deletes them with --yes (outputs, the best checkpoint and every run that can still resume are kept).")
+    r.add_argument('action', nargs='?', choices=['list', 'prune'], default='list')
+    r.add_argument('--runs-dir', default=None)
+    r.add_argument('--yes', action='store_true', help='prune: delete (without it, only say what would be freed)')
+    r.add_argument('--no-keep-best', dest='keep_best', action='store_false', help="prune: the best checkpoint (best.json) too")
 
 # %% ../nbs/11_cli.ipynb #712ebae4
 @_command('runs', _args_runs)
 def _cmd_runs(a) -> int:
     "`wf runs`."
-    from wf_nb.registry import runs_table; print(runs_table(a.runs_dir)); return 0
+    from wf_nb.registry import runs_table, prune_runs
+    if a.action == 'list': print(runs_table(a.runs_dir)); return 0
+    rows = prune_runs(a.runs_dir, keep_best=a.keep_best, delete=a.yes)
+    for r in rows: print(f"{r['run']}: {len(r['checkpoints'])} checkpoint(s), {r['bytes'] / 2**30:.2f} GiB")
+    n, gib = sum(len(r['checkpoints']) for r in rows), sum(r['bytes'] for r in rows) / 2**30
+    print(f"wf runs prune: {'freed' if a.yes else 'would free'} {gib:.2f} GiB: {n} checkpoint(s) of {len(rows)} COMPLETED run(s)"
+          + ('' if a.yes or not rows else '; run again with --yes to delete them (outputs stay)'))
+    return 0
 
 # %% ../nbs/11_cli.ipynb #c679c9b3
 def _args_logs(sub):

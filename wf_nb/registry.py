@@ -10,7 +10,7 @@ from fastcore.basics import patch
 from pathlib import Path
 from .errors import RunConflict
 from .status import Status, STATUSES   # re-exported: `from wf_nb.registry import Status` keeps working
-from .checkpoint import CHECKPOINTS
+from .checkpoint import CHECKPOINTS, list_checkpoints
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
 from .io import atomic_dir, atomic_write_text, set_aside, sha256_files, shorten
 
@@ -19,7 +19,7 @@ __all__ = ['default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid
            'Run', 'lock_run', 'unlock_run', 'lock_holder', 'portable_path', 'run_output', 'weights_digest',
            'lineage_of', 'lineage_parent', 'check_parent', 'read_metrics', 'repair_metrics', 'resolve_run',
            'completed_run', 'open_run', 'finish_run', 'copy_output', 'train_config', 'train_argv', 'list_runs',
-           'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run']
+           'find_runs', 'get_run', 'runs_table', 'run_logs', 'cancel_run', 'prunable_checkpoints', 'prune_runs']
 
 # %% ../nbs/06a_registry.ipynb #95727da8
 def default_runs_dir() -> Path: return Path(os.environ.get('WF_RUNS_DIR', 'runs'))
@@ -438,3 +438,28 @@ def cancel_run(ref, runs_dir=None, sig=signal.SIGINT) -> str:
                 f"(that pid may belong to another program now); nothing signalled. The same `wf train` command resumes it")
     os.kill(int(held), sig)
     return f"sent {signal.Signals(sig).name} to run {r.id} (pid {held}); it will save and stop after its current step"
+
+# %% ../nbs/06a_registry.ipynb #b0dd1072
+def prunable_checkpoints(run: Run, keep_best: bool = True) -> list[Path]:
+    "The checkpoints a COMPLETED run with weights in its output no longer needs (its best kept with `keep_best`), and temp dirs of killed saves."
+    out = run_output(run)
+    if run.status != Status.COMPLETED or not out.is_dir() or not any(out.glob('*.safetensors')): return []
+    if lock_holder(run.dir) not in (None, False): return []   # some process has it open
+    best = None
+    if keep_best and (run.dir/'best.json').exists():
+        try: best = json.loads((run.dir/'best.json').read_text()).get('checkpoint')
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError): return []   # unreadable: which one is best is unknown
+    return [c for c in list_checkpoints(run.dir) if c.name != best] + sorted((run.dir/CHECKPOINTS).glob('.step_*'))
+
+def _bytes(p: Path) -> int: return sum(f.stat().st_size for f in p.rglob('*') if f.is_file() and not f.is_symlink())
+
+def prune_runs(runs_dir=None, keep_best: bool = True, delete: bool = False) -> list[dict]:
+    "`[{run, checkpoints, bytes}]` of what the COMPLETED runs' checkpoints hold under `runs_dir`; `delete`: also delete them."
+    rows = []
+    for r in list_runs(runs_dir):
+        cks = prunable_checkpoints(r, keep_best)
+        if not cks: continue
+        rows.append({'run': r.id, 'checkpoints': [c.name for c in cks], 'bytes': sum(map(_bytes, cks))})
+        if delete:
+            for c in cks: shutil.rmtree(c)
+    return rows
