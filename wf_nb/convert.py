@@ -22,8 +22,8 @@ from .quant import BitLinear, FusedSubLN, fuse_subln, fuse_input_norm, bitlinear
 __all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'BITNET_INPUT_NORMS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config',
            'WFQwen3ForCausalLM', 'WFBitNetConfig', 'WFBitNetForCausalLM', 'LLAMA_FAMILY', 'BITNET_QUANT_CONFIG',
            'ternarize_', 'convert', 'calibrate_sublns', 'save_model', 'CheckpointTensors', 'checkpoint_config',
-           'empty_model', 'model_skeleton', 'read_into', 'load', 'heldout_ids', 'calibration_ids', 'compare_logits',
-           'conversion_report', 'run_stage1']
+           'empty_model', 'model_skeleton', 'read_into', 'load', 'checkpoint_digest', 'heldout_ids', 'calibration_ids',
+           'compare_logits', 'conversion_report', 'run_stage1']
 
 # %% ../nbs/03_convert.ipynb #9ee5e681
 SUBLN_ALLNORM_EPS = 1e-8
@@ -288,6 +288,23 @@ def load(path, dtype=None) -> nn.Module:
                            f"missing {missing[:8]}, unexpected {res.unexpected_keys[:8]}")
     if tied: model.tie_weights()
     return model.eval()
+
+# %% ../nbs/03_convert.ipynb #491da33e
+def _digest_update(h, name: str, t: torch.Tensor):
+    "Add tensor `name` (name, dtype, shape, bytes) to the running SHA256 `h`."
+    t = t.detach().contiguous().cpu()
+    h.update(f'{name}|{t.dtype}|{tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b'')   # the tensor's own bytes, not a copy
+
+def checkpoint_digest(path) -> str:
+    "SHA256 over checkpoint `path`'s tensors as `load` holds them (names, dtypes, shapes, bytes), read one at a time."
+    import hashlib
+    want = {k: v.dtype for k, v in model_skeleton(path).state_dict(keep_vars=True).items()}
+    ct, h = CheckpointTensors(path), hashlib.sha256()
+    for k in sorted(want):
+        src = 'model.embed_tokens.weight' if k == 'lm_head.weight' and k not in ct else k   # a tied head
+        if src not in ct: raise ValueError(f"checkpoint_digest({path}): no tensor {k}; not a complete checkpoint")
+        _digest_update(h, k, ct.read(src, want[k]))
+    return h.hexdigest()
 
 # %% ../nbs/03_convert.ipynb #4a195b6e
 def _text_of(t) -> str:

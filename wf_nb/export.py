@@ -474,8 +474,11 @@ def _export_gguf(pm, out: Path, src, overwrite: bool, tokenizer, ternary_type: s
                               f"({why}); use fmt='wf-packed'")
     target = out if out.suffix == '.gguf' else out / 'model.gguf'
     _check_out(target, overwrite, src, file_mark=GGUF_MARK)
+    from wf_nb.convert import checkpoint_digest
+    try: digest = checkpoint_digest(src) if isinstance(src, (str, Path)) and not is_packed_dir(src) else None
+    except (OSError, ValueError, RuntimeError, KeyError): digest = None   # not a checkpoint folder load reads: the file just says nothing
     def write(tmp):
-        write_gguf(pm, tmp, tokenizer, ternary_type, embed_type)
+        write_gguf(pm, tmp, tokenizer, ternary_type, embed_type, model_digest=digest)
         rep['tensor_types'] = check_gguf(tmp, pm)   # checked before it gets its name
         rep['gguf_bits'] = gguf_bits(tmp)
         group_readable(tmp)

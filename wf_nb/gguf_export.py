@@ -221,8 +221,9 @@ def _add_ternary_tensors(w, packed: dict, shapes: dict, ttypes: dict, nmap, plan
         types[g] = ttypes[n].upper()
 
 # %% ../nbs/03_gguf_export.ipynb #e70b8961
-def write_gguf(pmodel, path, tokenizer, ternary_type: str = 'auto', embed_type: str = 'q5_0', name: str = 'wf_nb-bitnet') -> dict:
-    "Write packed model `pmodel` + `tokenizer` as a llama.cpp `bitnet` GGUF at `path`; returns {tensor: type}."
+def write_gguf(pmodel, path, tokenizer, ternary_type: str = 'auto', embed_type: str = 'q5_0', name: str = 'wf_nb-bitnet',
+               model_digest: str | None = None) -> dict:
+    "Write packed model `pmodel` + `tokenizer` as a llama.cpp `bitnet` GGUF at `path` (`model_digest`: the source checkpoint's `checkpoint_digest`); returns {tensor: type}."
     import gguf
     if tokenizer is None: raise GGUFError("gguf: llama.cpp needs the tokenizer in the file; pass tokenizer= (a checkpoint dir's is read automatically)")
     if (why := gguf_unexpressible(pmodel)): raise GGUFError(f"gguf: llama.cpp's bitnet architecture cannot hold this model ({why}); export wf-packed instead")
@@ -233,6 +234,7 @@ def write_gguf(pmodel, path, tokenizer, ternary_type: str = 'auto', embed_type: 
     ttypes = {n: ternary_type_for(shapes[n][1], ternary_type, n) for n in mods}
     w = gguf.GGUFWriter(str(path), 'bitnet')
     w.add_name(name); _add_hparams(w, cfg, TERNARY_TYPES[max(set(ttypes.values()), key=list(ttypes.values()).count)][2], plan)
+    if model_digest: w.add_string('wf_nb.model_digest', model_digest)   # which checkpoint: adapters exported for this file are checked against it
     add_tokenizer(w, tokenizer, cfg.vocab_size)
     _add_float_tensors(w, pmodel, mods, nmap, plan, embed_type, types)
     _add_ternary_tensors(w, mods, shapes, ttypes, nmap, plan, types)

@@ -12,6 +12,7 @@ from peft import LoraConfig, inject_adapter_in_model, get_peft_model_state_dict,
 from peft.tuners.lora.layer import Linear as PeftLoraLinear
 from .quant import BitLinear, RMSNorm, bitlinears, shared_act_codes, act_quant, ste_quant, weight_codes, _IntLinear
 from .io import atomic_dir
+from .convert import _digest_update   # the one definition of a tensor's part in a digest (checkpoint_digest's too)
 
 # %% auto #0
 __all__ = ['TARGET_MODULES', 'NOT_TERNARY', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 'GGUF_LORA_NAMES', 'LORA_GGUF_MARK',
@@ -107,11 +108,6 @@ def lora_config(pc) -> LoraConfig:
     return lc
 
 # %% ../nbs/06f_lora.ipynb #3ec87f4a
-def _digest_update(h, name: str, t: torch.Tensor):
-    "Add tensor `name` (name, dtype, shape, bytes) to the running SHA256 `h`."
-    t = t.detach().contiguous().cpu()
-    h.update(f'{name}|{t.dtype}|{tuple(t.shape)}'.encode()); h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b'')   # the tensor's own bytes, not a copy
-
 def base_digest(model: nn.Module) -> str:
     "SHA256 over the base model's tensors (names, dtypes, shapes, bytes; adapters excluded): which base an adapter belongs to."
     h = hashlib.sha256()
@@ -419,8 +415,8 @@ def _write_lora_gguf(tmp, arch: str, alpha: float, tensors: dict, base_digest: s
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
 # %% ../nbs/06f_lora.ipynb #f6e5c927
-def _gguf_base(base_gguf, arch: str) -> tuple[dict, dict]:
-    "`({tensor name: (out, in)}, {module name: s})`: the matrices of the base GGUF the adapter will be loaded on, and its gate/up scales."
+def _gguf_base(base_gguf, arch: str) -> tuple[dict, dict, str | None]:
+    "`({tensor name: (out, in)}, {module name: s}, digest)`: the matrices of the base GGUF the adapter will be loaded on, its gate/up scales, and the `checkpoint_digest` of the checkpoint it was exported from (None if it does not say)."
     import numpy as np
     from wf_nb.gguf_export import read_gguf, _out_scale
     meta, ts = read_gguf(base_gguf)
@@ -433,7 +429,7 @@ def _gguf_base(base_gguf, arch: str) -> tuple[dict, dict]:
         blk, i, g, kind = (n.split('.') + ['', '', ''])[:4]
         if blk == 'blk' and g in ('ffn_gate', 'ffn_up') and kind == 'scale':
             scales[f"model.layers.{i}.mlp.{proj[g]}"] = _out_scale(f"{g}.weight", plan) / float(t['data'].view(np.float32)[0])
-    return {n: t['shape'] for n, t in ts.items() if len(t['shape']) == 2}, scales
+    return {n: t['shape'] for n, t in ts.items() if len(t['shape']) == 2}, scales, meta.get('wf_nb.model_digest')
 
 def _pad_to_base(tensors: dict, shapes: dict, base_gguf) -> dict:
     "Each `lora_a` padded with zero columns to its base matrix's inputs, each `lora_b` with zero rows to its outputs."
@@ -453,7 +449,7 @@ def _pad_to_base(tensors: dict, shapes: dict, base_gguf) -> dict:
 def export_lora_gguf(adapter_dir, path, base=None, base_gguf=None, arch: str = 'bitnet', ffn_scale_after_lora: bool = True,
                      overwrite: bool = False) -> dict:
     "Write the PEFT adapter in `adapter_dir` as a llama.cpp LoRA adapter GGUF at `path` (f32), padded as the base GGUF `base_gguf` is; returns `{gguf name: shape}`."
-    shapes, scales = _gguf_base(base_gguf, arch) if base_gguf is not None else (None, {})
+    shapes, scales, base_file_digest = _gguf_base(base_gguf, arch) if base_gguf is not None else (None, {}, None)
     if ffn_scale_after_lora and not scales:
         if base is None:
             raise ValueError("export_lora_gguf: llama.cpp's bitnet graph scales the gate/up LoRA terms by the layer's weight scale; pass "
@@ -467,6 +463,9 @@ def export_lora_gguf(adapter_dir, path, base=None, base_gguf=None, arch: str = '
     tensors = _gguf_lora_tensors(load_file(str(adapter_dir/'adapter_model.safetensors')), adapter_dir, scales if ffn_scale_after_lora else None)
     if base_gguf is not None: tensors = _pad_to_base(tensors, shapes, base_gguf)
     digest = json.loads((adapter_dir/ADAPTER_JSON).read_text()).get('base_digest') if (adapter_dir/ADAPTER_JSON).is_file() else None
+    if digest and base_file_digest and digest != base_file_digest:   # same shapes, other weights: llama.cpp would run it, wrongly
+        raise ValueError(f"export_lora_gguf: {adapter_dir} was trained on another base (digest {digest[:12]}) than {base_gguf} was "
+                         f"exported from ({base_file_digest[:12]}): export the adapter for the GGUF of its own base")
     atomic_file(path, lambda tmp: _write_lora_gguf(tmp, arch, lc['lora_alpha'], tensors, digest))
     return {n: a.shape for n, a in tensors.items()}
 
