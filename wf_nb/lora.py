@@ -154,9 +154,12 @@ def load_frozen(path) -> nn.Module:
     missing = [k for k in want if k not in ct and not (tied_head and k == 'lm_head.weight')]
     if missing or unexpected:
         raise RuntimeError(f"load_frozen({path}): checkpoint does not match {type(model).__name__}: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    held = {}   # a tied head's tensor is the embedding's: read once (lm_head sorts just before model.embed_tokens)
     for k in sorted(want):   # base_digest's order
         src = 'model.embed_tokens.weight' if tied_head and k == 'lm_head.weight' else k
-        t = ct.read(src, want[k])
+        t = held.pop(k, None)
+        if t is None: t = ct.read(src, want[k])
+        if src != k and want[src] == want[k]: held[src] = t
         _digest_update(h, k, t)
         mod_name, _, attr = k.rpartition('.')
         if mod_name in lins and attr == 'weight':   # the FP weight lives only until its codes are made
