@@ -438,6 +438,8 @@ def curve_table(rows: list[dict]) -> str:
     lines += [f'| {l} | ' + ' | '.join(cell.get((l, t), '') for t in toks) + ' |' for l in labels]
     return '\n'.join(lines)
 
+CURVE_TOKENS = (153_600, 614_400, 2_457_600)   # issue 33's budgets
+
 def plot_curve(rows: list[dict], path):
     "Perplexity / teacher against student tokens, log-log, one colour per arm: geometric mean (solid) and worst domain (dotted), with the issue's 4x and 2x targets."
     import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt
@@ -447,8 +449,11 @@ def plot_curve(rows: list[dict], path):
         x, geo, worst = zip(*pts)
         line, = ax.plot(x, geo, marker='o', label=l)
         ax.plot(x, worst, marker='.', ls=':', c=line.get_color(), lw=1)
-    for y, t in ((4, '4x target'), (2, '2x target')): ax.axhline(y, ls='--', lw=0.8, c='grey'); ax.text(ax.get_xlim()[0], y * 1.05, t, fontsize=8)
-    ax.set(xscale='log', yscale='log', xlabel='student tokens', ylabel='perplexity / FP teacher, held-out domains\n(solid: geo. mean; dotted: worst domain)')
+    ticks = sorted({r['tokens'] for r in rows} | set(CURVE_TOKENS))   # the issue's budgets, measured or not yet
+    ax.set_xscale('log'); ax.set_xlim(ticks[0] / 1.6, ticks[-1] * 1.6); ax.minorticks_off()
+    ax.set_xticks(ticks, [f'{t / 1e3:,.1f}k' if t < 1e6 else f'{t / 1e6:.2f}M' for t in ticks])
+    ax.set(yscale='log', xlabel='student tokens', ylabel='perplexity / FP teacher, held-out domains\n(solid: geo. mean; dotted: worst domain)')
+    for y, t in ((4, '4x target'), (2, '2x target')): ax.axhline(y, ls='--', lw=0.8, c='grey'); ax.text(ax.get_xlim()[0] * 1.05, y * 1.05, t, fontsize=8)
     ax.legend(fontsize=7); fig.tight_layout(); fig.savefig(path, dpi=120); plt.close(fig)
     return path
 
