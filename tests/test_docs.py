@@ -143,6 +143,7 @@ def test_every_notebook_is_a_page(site):
     pipe = (site / 'pipeline.html').read_text()
     assert all(f'Stage {s}' in pipe for s in ('1', '1.9', '2', '3')) and 'naive ternary QAT' in pipe   # README's measured table
     assert 'href="papermill_runs/reports/' not in pipe and 'href="report-generality_log.html"' in pipe   # README's report links: their pages
+    assert 'alt="held-out perplexity / teacher against student tokens" src="data:image/png;base64,' in pipe   # README's token curve, inlined
 
 def _shows_output(page: str) -> bool:
     "Whether a page shows a cell's output other than markdown: printed text, a value, or a plot (`output_png output_subarea`)."
