@@ -13,7 +13,7 @@ from .errors import WFError
 from .kernels import PackedBitLinear, act_codes
 from .cpu_kernels import cpu_ext, pack_ternary2, sum_matches_torch, q8_head, cpu_ext_reason
 from .quant import BitLinear, unpack_ternary, int8_mm
-from .io import atomic_dir, atomic_file, check_output, mark_output, OutputError
+from .io import atomic_dir, atomic_file, check_output, disk_bytes, mark_output, OutputError
 
 # %% auto #0
 __all__ = ['SKIP', 'HF_QUANT_CONFIG', 'PACKED_JSON', 'DTYPES', 'FAST_HEADS', 'FORMATS', 'GGUF_MARK', 'ExportError',
@@ -413,8 +413,6 @@ def enable_fast_generate(model, head: str = 'exact') -> bool:
     return model._fast_ok
 
 # %% ../nbs/03a_export.ipynb #b070a964
-def _dir_bytes(p: Path) -> int: return sum(f.stat().st_size for f in Path(p).rglob('*') if f.is_file())
-
 def size_report(pmodel: nn.Module, path=None) -> dict:
     "Sizes of packed model `pmodel` (and of its files under `path`, a dir or a file, when given)."
     n_lin = packed = scale_bits = 0
@@ -429,7 +427,7 @@ def size_report(pmodel: nn.Module, path=None) -> dict:
                packed_linear_bytes=packed, memory_bytes=mem, bf16_bytes=2 * (n_lin + n_other))
     if path is not None:
         p = Path(path)
-        rep['file_bytes'] = p.stat().st_size if p.is_file() else _dir_bytes(p)
+        rep['file_bytes'] = disk_bytes(p)
         rep['file_vs_bf16'] = rep['file_bytes'] / rep['bf16_bytes']
     return rep
 

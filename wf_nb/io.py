@@ -13,7 +13,7 @@ from .errors import DiskFull, WFError
 __all__ = ['DISK_FULL_BYTES', 'YAML_MAX_BYTES', 'EXISTS', 'OUTPUT_MARKER', 'disk_full_error', 'atomic_write_bytes',
            'atomic_write_text', 'write_json', 'read_json', 'write_yaml', 'YAMLInputError', 'shorten', 'load_yaml_text',
            'read_yaml', 'atomic_dir', 'atomic_file', 'set_aside', 'OutputError', 'mark_output', 'check_output',
-           'sha256_file', 'sha256_files', 'sha256_json', 'format_table']
+           'sha256_file', 'sha256_files', 'sha256_json', 'disk_bytes', 'format_table']
 
 # %% ../nbs/00_io.ipynb #29be6c7b
 DISK_FULL_BYTES = 64 << 20   # less free space than this when a write fails: the disk was full
@@ -262,6 +262,13 @@ def sha256_json(obj, n: int | None = None) -> str:
     "Hex SHA-256 of `obj` as canonical JSON (sorted keys), its first `n` characters if given: a content fingerprint."
     h = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
     return h[:n] if n else h
+
+# %% ../nbs/00_io.ipynb #a1d2b3c4e5f60002
+def disk_bytes(path) -> int:
+    "Bytes of a file, or of the regular files under a folder (links not followed): a run's, a checkpoint's or an export's size."
+    p = Path(path)
+    if p.is_file() and not p.is_symlink(): return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob('*') if f.is_file() and not f.is_symlink())
 
 # %% ../nbs/00_io.ipynb #d4426c83
 def format_table(rows: list[dict], floatfmt: str = '.4g') -> str:

@@ -12,7 +12,7 @@ from .errors import RunConflict
 from .status import Status, STATUSES   # re-exported: `from wf_nb.registry import Status` keeps working
 from .checkpoint import CHECKPOINTS, list_checkpoints
 from .config import WFConfig, ConfigError, fingerprint, git_info, save_yaml, load_yaml, get_config
-from .io import atomic_dir, atomic_write_text, set_aside, sha256_files, shorten
+from .io import atomic_dir, atomic_write_text, disk_bytes, set_aside, sha256_files, shorten
 
 # %% auto #0
 __all__ = ['default_runs_dir', 'safe_run_name', 'run_id_for', 'run_dir_in', 'pid_alive', 'RunExistsError', 'RunLockedError',
@@ -451,15 +451,13 @@ def prunable_checkpoints(run: Run, keep_best: bool = True) -> list[Path]:
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError): return []   # unreadable: which one is best is unknown
     return [c for c in list_checkpoints(run.dir) if c.name != best] + sorted((run.dir/CHECKPOINTS).glob('.step_*'))
 
-def _bytes(p: Path) -> int: return sum(f.stat().st_size for f in p.rglob('*') if f.is_file() and not f.is_symlink())
-
 def prune_runs(runs_dir=None, keep_best: bool = True, delete: bool = False) -> list[dict]:
     "`[{run, checkpoints, bytes}]` of what the COMPLETED runs' checkpoints hold under `runs_dir`; `delete`: also delete them."
     rows = []
     for r in list_runs(runs_dir):
         cks = prunable_checkpoints(r, keep_best)
         if not cks: continue
-        rows.append({'run': r.id, 'checkpoints': [c.name for c in cks], 'bytes': sum(map(_bytes, cks))})
+        rows.append({'run': r.id, 'checkpoints': [c.name for c in cks], 'bytes': sum(map(disk_bytes, cks))})
         if delete:
             for c in cks: shutil.rmtree(c)
     return rows
