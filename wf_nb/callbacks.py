@@ -299,7 +299,7 @@ class QuantSchedule(Callback):
         from wf_nb.quant import set_lambda, lambda_at
         q = tr.cfg.quant
         lam = lambda_at(self.steps0 + tr.step, q.warmup_steps) if q.enabled else 0.0   # lineage-wide warm-up
-        self.lam = lam if set_lambda(tr.model, lam, q.subln_ramp) else None   # None: no BitLinear layers
+        self.lam = lam if set_lambda(tr.model, lam) else None   # None: no BitLinear layers
         tr.eager = bool(tr.t.compile and self.lam is not None and 0 < self.lam < 1)
 
 # %% ../nbs/06_callbacks.ipynb #e2a22299
@@ -312,4 +312,4 @@ def after_fit(self: QuantSchedule, tr):
     from wf_nb.quant import record_quant_state
     if self.lam is None: return
     steps = self.steps0 + (tr.step if tr.cfg.quant.enabled else 0)
-    record_quant_state(tr.acc.unwrap_model(tr.model), self.lam, steps, tr.cfg.quant.subln_ramp)
+    record_quant_state(tr.acc.unwrap_model(tr.model), self.lam, steps)

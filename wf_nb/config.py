@@ -117,7 +117,6 @@ class QuantConfig:
     placement: str = 'paper'            # paper (norm before o_proj/down_proj) | allnorm (before every BitLinear) | none
     subln_init: str = 'calibrated'      # inserted norms start at: calibrated (their input's RMS in the FP model) | ones (the paper)
     warmup_steps: int = 0               # lambda ramps 0 -> 1 over the lineage's first N quantized steps (0 = fully quantized)
-    subln_ramp: bool = False            # the inserted SubLNs phase in with lambda, x + lambda (norm(x) - x): the FP model at lambda 0
     haar: bool = False                  # Haar-wavelet activations (ablation)
     act_bits: int = 8
 
@@ -462,7 +461,7 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
                       'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus', 'training.allocator')   # where it is stored / what it runs on
 
 # %% ../nbs/00a_config.ipynb #b172fa86
-FINGERPRINT_OFF = {'distill.attention_weight': 0.0, 'quant.subln_ramp': False}   # dotted path: its off value (added in sessions 51, 53)
+FINGERPRINT_OFF = {'distill.attention_weight': 0.0}   # dotted path: its off value (added in session 51)
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

@@ -267,7 +267,7 @@ def model_skeleton(path, dtype=None) -> nn.Module:
     cfg, _, dtype = checkpoint_config(path, dtype)
     model = empty_model(cfg, dtype)
     if cfg.model_type == 'bitnet': ternarize_(model, 'paper', bitnet_native=True)
-    if getattr(cfg, 'wf_quant', None): set_lambda(model, (s := quant_state(model))['lambda'], s.get('subln_ramp', False))   # e.g. an FP control arm at 0
+    if getattr(cfg, 'wf_quant', None): set_lambda(model, quant_state(model)['lambda'])   # e.g. an FP control arm at 0
     return model
 
 # %% ../nbs/03_convert.ipynb #7da8374d

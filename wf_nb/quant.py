@@ -432,7 +432,6 @@ class BitLinear(nn.Linear):
         self.lam, self.act_bits, self.haar = float(lam), int(act_bits), bool(haar)
         self.rms_norm = RMSNorm(in_features, norm_eps, device=device, dtype=dtype) if norm_eps is not None else None
         self._fused_norm = []   # [FusedSubLN or FusedInputNorm] when the norm before this layer is fused into its integer forward
-        self.subln_mix = 1.0    # how much of its own SubLN applies: 1 (BitNet); below 1 only while `quant.subln_ramp` phases it in
         if haar:
             self.weight = nn.Parameter(torch.empty(out_features, haar_width(in_features), device=device, dtype=dtype))
             nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -466,13 +465,7 @@ def int_path(self: BitLinear) -> bool:
 @patch
 def fuses_norm(self: BitLinear) -> bool:
     "True when the integer forward runs without Haar: the layer's SubLN (own or `FusedSubLN`) is applied inside it."
-    return self.int_path() and not self.haar and (self.rms_norm is None or self.subln_mix >= 1)
-
-@patch
-def own_norm(self: BitLinear, x: torch.Tensor) -> torch.Tensor:
-    "The layer's own SubLN on `x` at strength `subln_mix`: `x + m (norm(x) - x)`, the norm at 1, the identity at 0."
-    y, m = self.rms_norm(x), self.subln_mix
-    return y if m >= 1 else x + m * (y - x)
+    return self.int_path() and not self.haar
 
 @patch
 def input_norm(self: BitLinear, x: torch.Tensor) -> nn.Module | None:
@@ -489,7 +482,7 @@ def forward(self: BitLinear, x: torch.Tensor) -> torch.Tensor:
         norm = self.input_norm(x)
         if self._fused_norm: self._fused_norm[0].release()
         return int_linear(x, self, norm)
-    if self.rms_norm is not None: x = self.own_norm(x)
+    if self.rms_norm is not None: x = self.rms_norm(x)
     if self.haar: x = haar_transform(x)
     if self.int_path(): return int_linear(x, self)   # Haar
     return self._fake_quant_linear(x)
@@ -512,7 +505,6 @@ def _fake_quant_linear(self: BitLinear, x: torch.Tensor) -> torch.Tensor:
 class FusedSubLN(RMSNorm):
     "A SubLN feeding one BitLinear: while that layer runs the integer forward, it hands its input over un-normalized."
     shared = False   # one consumer: the layer's `_NormIntLinear` runs the norm's forward and backward
-    mix = 1.0        # how much of the norm applies: below 1 only while `quant.subln_ramp` phases it in (never handed over then)
     def handed(self, x) -> bool: return self._handed is x
     def release(self): self._handed = None   # the one consumer took it: drop the reference
     def consumer(self) -> BitLinear | None:
@@ -522,7 +514,6 @@ class FusedSubLN(RMSNorm):
         return lin if isinstance(lin, BitLinear) and next(iter(lin._fused_norm), None) is self else None
 
     def forward(self, x):
-        if self.mix < 1: return x + self.mix * (self.normalize(x) - x)
         if torch.compiler.is_compiling(): return self.normalize(x)   # the compiler fuses it with the consumer's quantizer
         lin = self.consumer()
         if lin is None or not lin.fuses_norm(): return self.normalize(x)
@@ -620,7 +611,7 @@ class _TracedIntLinear(torch.autograd.Function):
 # %% ../nbs/01_quant.ipynb #cb966b0e
 def traced_forward(mod: BitLinear, x: torch.Tensor) -> torch.Tensor:
     "`mod(x)` in plain tensor ops (no memo, no norm hand-over): what a BitLinear runs under `torch.compile`."
-    if mod.rms_norm is not None: x = mod.own_norm(x)
+    if mod.rms_norm is not None: x = mod.rms_norm(x)
     if mod.haar: x = haar_transform(x)
     lam, w = mod.lam, mod.weight
     if mod.int_path():
@@ -639,17 +630,11 @@ def bitlinears(model: nn.Module):
     "`(name, module)` for every BitLinear in `model`."
     return [(n, m) for n, m in model.named_modules() if isinstance(m, BitLinear)]
 
-def set_lambda(model: nn.Module, lam: float, subln: bool = False) -> int:
-    """Set the STE strength of every BitLinear (and ternary module, e.g. MoE experts) in `model`; returns how many.
-    `subln`: the SubLNs the conversion inserted (a BitLinear's own, BitNet's sub-norms) apply at the same strength
-    (`quant.subln_ramp`), else fully."""
+def set_lambda(model: nn.Module, lam: float) -> int:
+    "Set the STE strength of every BitLinear (and ternary module, e.g. MoE experts) in `model`; returns how many."
     if not 0.0 <= lam <= 1.0: raise ValueError(f"lambda must be in [0, 1], got {lam}")
     layers = [m for _, m in bitlinears(model)] + [m for m in model.modules() if getattr(m, 'wf_ternary', False)]
     for m in layers: m.lam = float(lam)
-    mix = float(lam) if subln else 1.0
-    for m in model.modules():
-        if isinstance(m, BitLinear): m.subln_mix = mix
-        elif isinstance(m, FusedSubLN) and not m.shared: m.mix = mix   # not the pre-norms: the FP model has those
     return len(layers)
 
 # %% ../nbs/01_quant.ipynb #c33cd002
@@ -676,13 +661,12 @@ def quant_state(model: nn.Module) -> dict:
     rec = dict(getattr(getattr(model, 'config', None), 'wf_quant', None) or {})
     layers = [m for _, m in bitlinears(model)] + [m for m in model.modules() if getattr(m, 'wf_ternary', False)]
     lam = rec.get('lambda', layers[0].lam if layers else 1.0)
-    return {'lambda': float(lam), 'steps': int(rec.get('steps', 0)), **({'subln_ramp': True} if rec.get('subln_ramp') else {})}
+    return {'lambda': float(lam), 'steps': int(rec.get('steps', 0))}
 
-def record_quant_state(model: nn.Module, lam: float, steps: int, subln_ramp: bool = False):
-    "Set the model's lambda (and SubLN strength, `subln_ramp`) and write its record into `model.config.wf_quant` (saved with the config)."
-    set_lambda(model, lam, subln_ramp)
-    if getattr(model, 'config', None) is not None:
-        model.config.wf_quant = {'lambda': float(lam), 'steps': int(steps), **({'subln_ramp': True} if subln_ramp else {})}
+def record_quant_state(model: nn.Module, lam: float, steps: int):
+    "Set the model's lambda and write its record into `model.config.wf_quant` (saved with the config)."
+    set_lambda(model, lam)
+    if getattr(model, 'config', None) is not None: model.config.wf_quant = {'lambda': float(lam), 'steps': int(steps)}
 
 # %% ../nbs/01_quant.ipynb #b43f0c77
 def pack_ternary(q: torch.Tensor) -> torch.Tensor:
