@@ -13,7 +13,7 @@ from .errors import DiskFull, WFError
 __all__ = ['DISK_FULL_BYTES', 'YAML_MAX_BYTES', 'EXISTS', 'OUTPUT_MARKER', 'disk_full_error', 'atomic_write_bytes',
            'atomic_write_text', 'write_json', 'read_json', 'write_yaml', 'YAMLInputError', 'shorten', 'load_yaml_text',
            'read_yaml', 'atomic_dir', 'atomic_file', 'set_aside', 'OutputError', 'mark_output', 'check_output',
-           'sha256_file', 'sha256_files', 'sha256_json', 'disk_bytes', 'format_table']
+           'sha256_file', 'sha256_files', 'sha256_json', 'disk_bytes', 'folder_lock', 'format_table']
 
 # %% ../nbs/00_io.ipynb #29be6c7b
 DISK_FULL_BYTES = 64 << 20   # less free space than this when a write fails: the disk was full
@@ -269,6 +269,17 @@ def disk_bytes(path) -> int:
     p = Path(path)
     if p.is_file() and not p.is_symlink(): return p.stat().st_size
     return sum(f.stat().st_size for f in p.rglob('*') if f.is_file() and not f.is_symlink())
+
+# %% ../nbs/00_io.ipynb #a1d2b3c4e5f60005
+@contextmanager
+def folder_lock(folder):
+    "Hold `folder`'s exclusive lock (`flock` on `.NAME.lock` beside it) until the block ends; other holders wait."
+    import fcntl
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent/f'.{folder.name}.lock', 'a') as f:   # 'a': never truncates a file
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 # %% ../nbs/00_io.ipynb #d4426c83
 def format_table(rows: list[dict], floatfmt: str = '.4g') -> str:

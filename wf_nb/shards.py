@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from .assets import cache_dir
-from .io import atomic_dir, write_json, sha256_file, sha256_json, check_output, mark_output, OutputError, OUTPUT_MARKER
+from .io import atomic_dir, folder_lock, write_json, sha256_file, sha256_json, check_output, mark_output, OutputError, OUTPUT_MARKER
 from .data import (DataError, ROW_SUFFIXES, TextSource, text_source, tokenizer_id, token_dtype, as_tokenizer,
                         DocEncoder, doc_batches, encoder_pool)
 
@@ -464,9 +464,7 @@ def shards_for(spec: str, tokenizer, text_field='text', shards_dir='', streaming
     root.mkdir(parents=True, exist_ok=True)
     if (found := _compatible_cached(root, f'{slug}-{key}', tokenizer)) is not None: return found
     out = root/f"{slug}-{key}-{tokenizer_id(tokenizer)['hash']}"
-    import fcntl
-    with open(root/f'.{out.name}.lock', 'w') as lock:       # several ranks/processes: one tokenizes, the others wait
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with folder_lock(out):       # several ranks/processes: one tokenizes, the others wait
         if not (out/MANIFEST).exists():
             data_tokenize(src, out, tokenizer, text_field=text_field, num_proc=num_proc, verbose=verbose)
     return out

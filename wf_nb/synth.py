@@ -5,16 +5,15 @@
 # %% ../nbs/04d_synth.ipynb #6144117a
 from __future__ import annotations
 import inspect, json, math
-from contextlib import contextmanager
 from pathlib import Path
 import numpy as np
 import torch
-from .io import atomic_write_text, write_json, read_json
+from .io import atomic_write_text, folder_lock, write_json, read_json
 from .data import DataError, as_tokenizer, tokenizer_id
 from .corpora import teacher_dir, part_tokens
 
 # %% auto #0
-__all__ = ['SYNTH_FORMAT', 'sample_batch', 'first_token_ids', 'chat_prefix', 'generate_part', 'corpus_lock', 'generate_corpus']
+__all__ = ['SYNTH_FORMAT', 'sample_batch', 'first_token_ids', 'chat_prefix', 'generate_part', 'generate_corpus']
 
 # %% ../nbs/04d_synth.ipynb #114ca219
 def _cache_kw(model) -> str:
@@ -134,16 +133,6 @@ def _write_parts(out: Path, parts: dict[int, int], tokens: int, model, tokenizer
         k += 1
     bar.close()
 
-# %% ../nbs/04d_synth.ipynb #b7c1d2e3f4a50002
-@contextmanager
-def corpus_lock(out: Path):
-    "Hold corpus folder `out`'s lock until the block ends (other holders wait)."
-    import fcntl
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent/f'.{out.name}.lock', 'a') as f:   # 'a': never truncates a file
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
 # %% ../nbs/04d_synth.ipynb #6f3acb78
 def generate_corpus(out, tokens: int, teacher='smollm2_135m', seed: int = 0, batch: int = 64, doc_tokens: int = 256,
                     chat: float = 0.5, greedy: int = 3, temperature: float = 1.0, dtype: str = 'auto',
@@ -163,7 +152,7 @@ def generate_corpus(out, tokens: int, teacher='smollm2_135m', seed: int = 0, bat
         dtype = 'bfloat16' if default_precision() == 'bf16' else 'float32'   # bf16 on an AVX2-only CPU: ~8x slower
     settings = dict(teacher=name, seed=seed, batch=batch, doc_tokens=doc_tokens, chat=chat, greedy=greedy,
                     temperature=temperature, dtype=dtype)
-    with corpus_lock(out):   # ranks of one torchrun, or runs on one machine: one samples, the others wait, then find it made
+    with folder_lock(out):   # ranks of one torchrun, or runs on one machine: one samples, the others wait, then find it made
         _check_corpus_dir(out, settings)
         parts = _corpus_parts(out) if out.exists() else {}
         if sum(parts.values()) < tokens:
