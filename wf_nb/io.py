@@ -276,7 +276,10 @@ def folder_lock(folder):
     "Hold `folder`'s exclusive lock (`flock` on `.NAME.lock` beside it) until the block ends; other holders wait."
     import fcntl
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    try: folder.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        f = next((q for q in reversed(folder.parents) if q.is_file()), folder.parent)
+        raise OutputError(f"cannot make {folder}: {f} is a file, not a folder; choose another place for it") from None
     with open(folder.parent/f'.{folder.name}.lock', 'a') as f:   # 'a': never truncates a file
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
