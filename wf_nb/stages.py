@@ -23,8 +23,8 @@ from .quant import bitlinears
 # %% auto #0
 __all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA',
            'PIPELINE_DATA_NO_TEACHER', 'PIPELINE_TEACHER_TOKENS', 'PIPELINE_QUANT_WARMUP', 'PIPELINE_LAYERWISE',
-           'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step',
-           'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
+           'PIPELINE_LR', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step',
+           'kd_step', 'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -519,13 +519,17 @@ def pipeline_data(overrides, model: str = 'smollm2_135m', tokens: int = 153_600,
     return [f'data.mixture={mixture}']
 
 # %% ../nbs/07_stages.ipynb #7d2f4b68
+def _converts(cfg) -> bool:
+    "Whether `cfg` makes a ternary conversion of a trained model: the pipeline's measured defaults are for those only."
+    return cfg.model.arch == 'hf' and cfg.quant.enabled and not cfg.peft.method   # not from scratch, an FP control, adapters
+
 PIPELINE_QUANT_WARMUP = 0.5   # share of a pipeline's steps over which lambda ramps 0 -> 1 (BitNet's warm-up): measured, see above
 
 def _pipeline_warmup(model: str, overrides, tokens: int, share: float = PIPELINE_QUANT_WARMUP) -> list[str]:
     "`['quant.warmup_steps=N']`: a pretrained model is quantized gradually over `share` of the pipeline's steps, unless `overrides` set it."
     if share <= 0 or _sets(overrides, 'quant.warmup_steps'): return []
     cfg = get_config(list(overrides) + [f'training.total_tokens={tokens}'], stage='2', model=model)
-    if cfg.model.arch != 'hf' or not cfg.quant.enabled or cfg.peft.method: return []   # conversions of a trained model only
+    if not _converts(cfg): return []
     return [f'quant.warmup_steps={max(1, round(share * _max_steps(cfg, None, 1)))}']
 
 # %% ../nbs/07_stages.ipynb #c8cfeaf9
@@ -534,9 +538,15 @@ PIPELINE_LAYERWISE = 1.0   # the pipeline's layer-wise hidden-state weight (cosi
 def _pipeline_layerwise(model: str, overrides, w: float = PIPELINE_LAYERWISE) -> list[str]:
     "`['distill.layerwise_weight=W']` for a pretrained model's ternary conversion, unless `overrides` set the weight."
     if w <= 0 or _sets(overrides, 'distill.layerwise_weight'): return []
-    cfg = get_config(list(overrides), stage='2', model=model)
-    if cfg.model.arch != 'hf' or not cfg.quant.enabled or cfg.peft.method: return []   # as the ramp: conversions only
-    return [f'distill.layerwise_weight={w}']
+    return [f'distill.layerwise_weight={w}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
+
+# %% ../nbs/07_stages.ipynb #a54e1c0ffee00002
+PIPELINE_LR = 2e-3   # the pipeline's peak learning rate for a conversion (10 warm-up steps, cosine to 0.1x): measured, see above
+
+def _pipeline_lr(model: str, overrides, lr: float = PIPELINE_LR) -> list[str]:
+    "`['training.lr=LR']` for a pretrained model's ternary conversion, unless `overrides` set the learning rate."
+    if _sets(overrides, 'training.lr'): return []
+    return [f'training.lr={lr}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
 
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
@@ -552,6 +562,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     overrides = list(overrides) + pipeline_data(overrides, model, tokens, log=log)   # PIPELINE_DATA unless the overrides choose
     overrides += _pipeline_warmup(model, overrides, tokens)            # lambda ramps over the first PIPELINE_QUANT_WARMUP
     overrides += _pipeline_layerwise(model, overrides)                 # + the layer-wise hidden-state term
+    overrides += _pipeline_lr(model, overrides)                        # at the pipeline's learning rate
     results, parent = {}, None
     for stage, n in plan:
         comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays
