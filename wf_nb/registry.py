@@ -291,13 +291,22 @@ def _refuse_reopen(run: Run, m: dict, fresh_lock: bool):
         raise RunExistsError(f"run {run.id} is RUNNING in process {m.get('pid')} on {m.get('host')}; `wf cancel {run.id}` to stop it", run, st)
 
 # %% ../nbs/06a_registry.ipynb #2be8d749
+def _restore_identity(run: Run, cfg: WFConfig, fp: str, gi: dict, lineage: dict | None) -> list[str]:
+    """Put back what names a run and is missing: metadata.json's identity fields and config.yaml (a process whose run
+    folder was removed under it writes its last update into a fresh folder: that update alone). The fields restored."""
+    m, ident = run.meta(), dict(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], stage=cfg.stage,
+                                model=cfg.model.name, created=_now(), lineage=lineage or {})
+    missing = {k: v for k, v in ident.items() if k not in m}
+    if missing: run.update(**missing)
+    if not (run.dir/'config.yaml').exists(): save_yaml(cfg, run.dir/'config.yaml'); missing['config.yaml'] = True
+    return list(missing)
+
 def _reopen(run: Run, st: str, cfg: WFConfig, fp: str, gi: dict, lineage: dict | None) -> Run:
     "Reopen an INTERRUPTED/FAILED (or DAMAGED) run for resume, marked RUNNING in this process."
-    if st == Status.DAMAGED:   # keep the damaged file for inspection, rebuild the metadata
-        set_aside(run.meta_path, '.damaged')
-        run.update(run_id=run.id, fingerprint=fp, git_commit=gi['commit'], stage=cfg.stage, model=cfg.model.name,
-                   created=_now(), lineage=lineage or {})
-        run.log(f"{run.meta_path} was damaged: kept as metadata.json.damaged and rebuilt")
+    if st == Status.DAMAGED: set_aside(run.meta_path, '.damaged')   # kept for inspection; rebuilt below
+    restored = _restore_identity(run, cfg, fp, gi, lineage)
+    if st == Status.DAMAGED: run.log(f"{run.meta_path} was damaged: kept as metadata.json.damaged and rebuilt")
+    elif restored: run.log(f"run {run.id} lacked {', '.join(restored)}: restored from its config")
     check_parent(run, lineage)
     repair_metrics(run)
     _check_resumable(run)
