@@ -541,7 +541,7 @@ def _pipeline_layerwise(model: str, overrides, w: float = PIPELINE_LAYERWISE) ->
     return [f'distill.layerwise_weight={w}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
 
 # %% ../nbs/07_stages.ipynb #a54e1c0ffee00002
-PIPELINE_LR = 2e-3   # the pipeline's peak learning rate for a conversion (10 warm-up steps, cosine to 0.1x): measured, see above
+PIPELINE_LR = 3e-3   # the pipeline's peak learning rate for a conversion (10 warm-up steps, cosine to 0.1x): measured, see above
 
 def _pipeline_lr(model: str, overrides, lr: float = PIPELINE_LR) -> list[str]:
     "`['training.lr=LR']` for a pretrained model's ternary conversion, unless `overrides` set the learning rate."
