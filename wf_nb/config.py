@@ -145,6 +145,7 @@ class DistillConfig:
     layerwise_weight: float = 0.0       # Stages 1.9 / 2: (initial) weight of the layer-wise hidden-state loss
     layerwise_schedule: str = 'cosine'  # cosine (w -> 0 at max_steps) | constant (also the attention-map term's)
     attention_weight: float = 0.0       # Stages 1.9 / 2: (initial) weight of the attention-map KL summed over layers (0 = off)
+    teacher_forcing: float = 0.0        # Stages 1.9 / 2: share of the stage's first steps trained block-wise, each layer on the teacher's input (0 = off)
     temperature: float = 5.0            # Stage 3 logits KD temperature
     lambda_logits: float = 10.0         # Stage 3: weight of T^2 * KL
     gamma_attn: float = 1e5             # Stage 3: weight of the Q/K/V relation loss
@@ -329,7 +330,7 @@ RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'data.num_workers': (0, None, True, True), 'model.num_heads': (1, None, True, True), 'model.num_kv_heads': (1, None, True, True),
     'model.hidden_size': (1, None, True, True), 'model.num_layers': (1, None, True, True), 'model.vocab_size': (1, None, True, True),
     'quant.warmup_steps': (0, None, True, True), 'distill.saliency_top': (0, 1, False, True),
-    'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True),
+    'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True), 'distill.teacher_forcing': (0, 1, True, True),
     'peft.r': (1, None, True, True), 'peft.alpha': (0, None, False, True), 'peft.dropout': (0, 1, True, False),
     'peft.loraplus_ratio': (1, None, True, True)}
 
@@ -461,7 +462,8 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
                       'training.checkpoint_uri', 'logging.gpu_interval', 'distributed.gpus', 'training.allocator')   # where it is stored / what it runs on
 
 # %% ../nbs/00a_config.ipynb #b172fa86
-FINGERPRINT_OFF = {'distill.attention_weight': 0.0}   # dotted path: its off value (added in session 51)
+FINGERPRINT_OFF = {'distill.attention_weight': 0.0,    # dotted path: its off value (added in session 51)
+                   'distill.teacher_forcing': 0.0}    # (session 55)
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

@@ -14,7 +14,8 @@ from .losses import IGNORE_INDEX, lm_loss, compilable
 # %% auto #0
 __all__ = ['real_tokens', 'kl_sum', 'kd_loss', 'hidden_distance', 'layerwise_loss', 'layerwise_weight_at',
            'pretrain_distill_loss', 'decoder_layers', 'layer_index', 'attention_module', 'capture_qkv',
-           'attention_relation_loss', 'capture_attention', 'attention_map_loss', 'stage3_loss', 'kd_midtrain_loss']
+           'attention_relation_loss', 'capture_attention', 'attention_map_loss', 'teacher_inputs', 'stage3_loss',
+           'kd_midtrain_loss']
 
 # %% ../nbs/05_distill.ipynb #a331ec62
 def _is_labels(t):
@@ -249,6 +250,24 @@ def attention_map_loss(s_maps, t_maps, mask=None):
             kl = (lt.exp() * (lt - ls)).masked_fill(~allowed, 0.).sum(-1)   # [B, H, S]
             total = total + (kl * keep[:, None, :]).sum() / n_rows
     return total
+
+# %% ../nbs/05_distill.ipynb #42436287
+@contextmanager
+def teacher_inputs(model, teacher_hidden):
+    "Within the block, decoder layer `i >= 1` of `model` takes `teacher_hidden[i]` (the teacher's input at layer i) as its input."
+    layers = decoder_layers(model)
+    if len(teacher_hidden) < len(layers):
+        raise ValueError(f"teacher_inputs: {len(teacher_hidden)} teacher states for {len(layers)} layers; call the teacher with output_hidden_states=True")
+    states = [h.clone().detach() for h in teacher_hidden[1:len(layers)]]   # normal tensors: inference tensors cannot be saved for backward
+    def replace(h):
+        def pre(module, args, kwargs):
+            if args: return (h.to(args[0].dtype),) + tuple(args[1:]), kwargs
+            return args, {**kwargs, 'hidden_states': h.to(kwargs['hidden_states'].dtype)}
+        return pre
+    handles = [layer.register_forward_pre_hook(replace(h), with_kwargs=True) for layer, h in zip(layers[1:], states)]
+    try: yield
+    finally:
+        for hd in handles: hd.remove()
 
 # %% ../nbs/05_distill.ipynb #4f3b3d81
 def _scored_terms(student_logits, teacher_logits, labels, T: float):

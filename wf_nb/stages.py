@@ -76,22 +76,28 @@ def _unwrap(model):
 # autocast dtype of the step (the Trainer's `acc.autocast()` encloses it); its outputs only enter the loss as constants.
 def distill_step(teacher):
     "Stages 1.9 and 2: `ce_weight*CE + kd_weight*KD_T + w(step)*layerwise` towards the frozen FP teacher."
-    from wf_nb.distill import pretrain_distill_loss, layerwise_weight_at, real_tokens, capture_attention
+    from wf_nb.distill import pretrain_distill_loss, layerwise_weight_at, real_tokens, capture_attention, teacher_inputs
     def step(model, batch, ctx: StepContext):
         d = ctx.cfg.distill
         hidden = layerwise_weight_at(ctx.step, ctx.max_steps, d.layerwise_weight, d.layerwise_schedule) > 0
+        forced = ctx.step < d.teacher_forcing * ctx.max_steps   # block-wise: every layer on the teacher's input
+        if forced and not hidden: raise ValueError("distill.teacher_forcing trains each block on the layer-wise term: set distill.layerwise_weight > 0")
         maps = layerwise_weight_at(ctx.step, ctx.max_steps, d.attention_weight, d.layerwise_schedule) > 0
         if maps and ('position_ids' in batch or d.saliency):
             raise ValueError("distill.attention_weight > 0 compares plain causal attention: use it without data.doc_mask and distill.saliency")
         with torch.inference_mode(), (capture_attention(teacher) if maps else nullcontext()) as t_maps:
             t = teacher(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
-        with capture_attention(_unwrap(model)) if maps else nullcontext() as s_maps:
+        # Block-wise steps run eagerly: the hooks `teacher_inputs` adds would make compiled blocks recompile at every step.
+        with capture_attention(_unwrap(model)) if maps else nullcontext() as s_maps, \
+             teacher_inputs(_unwrap(model), t.hidden_states) if forced else nullcontext(), \
+             torch.compiler.set_stance('force_eager') if forced else nullcontext():
             s = model(input_ids=batch['input_ids'], output_hidden_states=hidden, **_fwd_kw(batch))
         if d.saliency:   # the saliency curriculum (wf_nb.curriculum): per-token weights, annealed to uniform
             from wf_nb.curriculum import saliency_distill_loss
             return saliency_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d)
-        return pretrain_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d,
-                                     s_maps=s_maps, t_maps=t_maps)
+        res = pretrain_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d,
+                                    s_maps=s_maps, t_maps=t_maps)
+        return {**res, 'teacher_forced': float(forced)} if d.teacher_forcing else res
     return step
 
 # %% ../nbs/07_stages.ipynb #84db2d88
