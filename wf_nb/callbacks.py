@@ -102,10 +102,11 @@ class StopSignals(Callback):
 
 # %% ../nbs/06_callbacks.ipynb #72725cc9
 class LossEMA(Callback):
-    "The loss's exponential moving average (`tr.loss_ema`), the reference of the spike check."
+    "The loss's exponential moving average (`tr.loss_ema`), the reference of the spike check; restarted when the step's `objective` changes."
     order = 10
     def after_step(self, tr):
-        loss = tr.last['loss']
+        loss, objective = tr.last['loss'], tr.last.get('objective')
+        if objective != tr.loss_objective: tr.loss_ema, tr.loss_objective = None, objective   # another loss: its own average
         tr.loss_ema = loss if tr.loss_ema is None else 0.9 * tr.loss_ema + 0.1 * loss
 
 class Budget(Callback):
@@ -218,13 +219,14 @@ class TrainingDiverged(WFError, RuntimeError):
 class SpikeRollback(Callback):
     "Before the optimizer steps: a bad step is rolled back to the newest checkpoint and cancelled."
     order = 0
-    def is_bad(self, tr, loss: float, grad_norm: float) -> bool:
+    def is_bad(self, tr, loss: float, grad_norm: float, objective=None) -> bool:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)): return True
+        if objective != getattr(tr, 'loss_objective', None): return False   # the step's loss is another one than the average's
         return bool(tr.t.spike_factor and tr.loss_ema is not None and tr.step >= 10 and loss > tr.t.spike_factor * tr.loss_ema)
 
     def before_update(self, tr):
         m = tr.last
-        if self.is_bad(tr, m['loss'], m['grad_norm']): self.rollback(tr, m['loss'], m['grad_norm']); raise CancelStepException
+        if self.is_bad(tr, m['loss'], m['grad_norm'], m.get('objective')): self.rollback(tr, m['loss'], m['grad_norm']); raise CancelStepException
 
 # %% ../nbs/06_callbacks.ipynb #f28eda5b
 @patch

@@ -118,6 +118,7 @@ class QuantConfig:
     subln_init: str = 'calibrated'      # inserted norms start at: calibrated (their input's RMS in the FP model) | ones (the paper)
     warmup_steps: int = 0               # lambda ramps 0 -> 1 over the lineage's first N quantized steps (0 = fully quantized)
     haar: bool = False                  # Haar-wavelet activations (ablation)
+    weight_scale: float = 1.0           # Stage 1: the ternary step as a multiple of mean|W| (1 = BitNet b1.58, at most 2; see 01_quant); the model carries it
     act_bits: int = 8
 
 # %% ../nbs/00a_config.ipynb #966f7186
@@ -329,7 +330,7 @@ RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'data.val_fraction': (0, 1, True, False), 'data.fim_rate': (0, 1, True, True), 'data.fim_spm_rate': (0, 1, True, True),
     'data.num_workers': (0, None, True, True), 'model.num_heads': (1, None, True, True), 'model.num_kv_heads': (1, None, True, True),
     'model.hidden_size': (1, None, True, True), 'model.num_layers': (1, None, True, True), 'model.vocab_size': (1, None, True, True),
-    'quant.warmup_steps': (0, None, True, True), 'distill.saliency_top': (0, 1, False, True),
+    'quant.warmup_steps': (0, None, True, True), 'quant.weight_scale': (0, 2, False, True), 'distill.saliency_top': (0, 1, False, True),
     'distill.saliency_boost': (1, None, True, True), 'distill.saliency_anneal': (0, 1, True, True), 'distill.teacher_forcing': (0, 1, True, True),
     'peft.r': (1, None, True, True), 'peft.alpha': (0, None, False, True), 'peft.dropout': (0, 1, True, False),
     'peft.loraplus_ratio': (1, None, True, True)}
@@ -463,7 +464,7 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
 
 # %% ../nbs/00a_config.ipynb #b172fa86
 FINGERPRINT_OFF = {'distill.attention_weight': 0.0,    # dotted path: its off value (added in session 51)
-                   'distill.teacher_forcing': 0.0}    # (session 55)
+                   'distill.teacher_forcing': 0.0, 'quant.weight_scale': 1.0}    # (session 55)
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

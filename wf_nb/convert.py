@@ -29,7 +29,7 @@ __all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'BITNET_INPUT_NORMS', 'WFLlamaC
 SUBLN_ALLNORM_EPS = 1e-8
 
 def ternarize_(model: nn.Module, placement: str = 'paper', haar: bool = False, act_bits: int = 8,
-               subln_eps: float | None = None, bitnet_native: bool = False) -> nn.Module:
+               subln_eps: float | None = None, bitnet_native: bool = False, weight_scale: float = 1.0) -> nn.Module:
     "In place: swap every `nn.Linear` inside `model.model.layers` for a `BitLinear`, adding per-layer input norms."
     if placement not in ('paper', 'allnorm', 'none'):
         raise ValueError(f"quant.placement must be paper | allnorm | none, got {placement!r}")
@@ -40,7 +40,7 @@ def ternarize_(model: nn.Module, placement: str = 'paper', haar: bool = False, a
             eps = None
             if placement == 'allnorm': eps = SUBLN_ALLNORM_EPS
             elif placement == 'paper' and not bitnet_native and leaf in ('o_proj', 'down_proj'): eps = subln_eps
-            layer.set_submodule(name, BitLinear.from_linear(mod, norm_eps=eps, haar=haar, act_bits=act_bits))
+            layer.set_submodule(name, BitLinear.from_linear(mod, norm_eps=eps, haar=haar, act_bits=act_bits, w_scale=weight_scale))
         if bitnet_native: _fuse_bitnet_sublns(layer)
     return model
 
@@ -68,6 +68,7 @@ def _make_wf_classes(base_cfg, base_model, model_type: str, bitnet_native: bool 
         wf_placement: str = 'paper'
         wf_haar: bool = False
         wf_act_bits: int = 8
+        wf_weight_scale: float = 1.0   # the ternary step / mean|W| (`quant.weight_scale`)
     Cfg.model_type = model_type
     Cfg.__name__ = Cfg.__qualname__ = f'WF{base_model.__name__.replace("ForCausalLM", "")}Config'
 
@@ -76,7 +77,7 @@ def _make_wf_classes(base_cfg, base_model, model_type: str, bitnet_native: bool 
         def __init__(self, config):
             super().__init__(config)
             ternarize_(self, config.wf_placement, config.wf_haar, config.wf_act_bits, config.rms_norm_eps,
-                       bitnet_native=bitnet_native)
+                       bitnet_native=bitnet_native, weight_scale=config.wf_weight_scale)
     Model.__name__ = Model.__qualname__ = f'WF{base_model.__name__}'
     AutoConfig.register(model_type, Cfg, exist_ok=True)
     AutoModelForCausalLM.register(Cfg, Model, exist_ok=True)
@@ -100,7 +101,7 @@ def _src_type(cfg) -> str:
 def _student_config(fp_cfg, qc: QuantConfig):
     "The student's config class instance and model class for source config `fp_cfg` and `qc`."
     mt = fp_cfg.model_type
-    wf = dict(wf_placement=qc.placement, wf_haar=qc.haar, wf_act_bits=qc.act_bits)
+    wf = dict(wf_placement=qc.placement, wf_haar=qc.haar, wf_act_bits=qc.act_bits, wf_weight_scale=qc.weight_scale)
     if mt == 'qwen3':
         d = fp_cfg.to_dict(); [d.pop(k, None) for k in ('model_type', 'architectures', 'transformers_version')]
         return WFQwen3Config(**d, **wf), WFQwen3ForCausalLM
@@ -115,7 +116,7 @@ def _student_config(fp_cfg, qc: QuantConfig):
         kw = {k: getattr(fp_cfg, k) for k in _BASE_KEYS if hasattr(fp_cfg, k)}
         kw.setdefault('head_dim', fp_cfg.hidden_size // fp_cfg.num_attention_heads)
         kw['attention_bias'] = attn_bias
-        if not qc.haar and qc.act_bits == 8: return BitNetConfig(**kw), BitNetForCausalLM
+        if not qc.haar and qc.act_bits == 8 and qc.weight_scale == 1.0: return BitNetConfig(**kw), BitNetForCausalLM
         return WFBitNetConfig(**kw, **wf), WFBitNetForCausalLM
     # none / allnorm keep the Llama layout
     kw = {k: getattr(fp_cfg, k) for k in _BASE_KEYS if hasattr(fp_cfg, k)}

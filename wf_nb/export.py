@@ -45,7 +45,16 @@ def pack_model(model: nn.Module, skip=SKIP, inplace: bool = False) -> nn.Module:
                           "the export is fully quantized (lam = 1) and will differ from the model as trained")
     m = model if inplace else copy.deepcopy(model)
     for n, lin in quantized_linears(m, skip): m.set_submodule(n, PackedBitLinear.from_linear(lin))
+    stock = _stock_bitnet_config(getattr(m, 'config', None))
+    if stock is not None: m.config = stock   # its codes and scales hold the larger step: packed, it is a BitNet model
     return m.eval()
+
+def _stock_bitnet_config(config):
+    "A `wf_bitnet` config that differs from stock BitNet only in its ternary step (`wf_weight_scale`), as a `BitNetConfig`; else None."
+    if getattr(config, 'model_type', None) != 'wf_bitnet' or config.wf_haar or config.wf_act_bits != 8: return None
+    from transformers import BitNetConfig
+    d = {k: v for k, v in config.to_dict().items() if not k.startswith('wf_') and k not in ('model_type', 'architectures', 'transformers_version')}
+    return BitNetConfig(**d)
 
 # %% ../nbs/03a_export.ipynb #30fcf2fe
 def _tiny_bitnet(seed: int = 0, vocab: int = 256, hidden: int = 64, inter: int = 128, dtype=torch.float32, **kw):

@@ -422,7 +422,7 @@ def from_linear(cls: PackedBitLinear, lin: nn.Module, cache: bool = True) -> Pac
     norm = getattr(lin, 'rms_norm', None)
     m = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, dtype=w.dtype, device=w.device,
             norm_eps=None if norm is None else norm.variance_epsilon, haar=getattr(lin, 'haar', False), cache=cache)
-    t, s = train_weight_codes(w)   # the training forward's own codes and scale (`wf_nb.quant.weight_codes`), bit for bit
+    t, s = train_weight_codes(w, c=getattr(lin, 'w_scale', 1.0))   # the training forward's own codes and scale (`wf_nb.quant.weight_codes`), bit for bit
     with torch.no_grad():
         m.weight.copy_(pack_ternary(t)); m.weight_scale.fill_(s.item())
         if lin.bias is not None: m.bias.copy_(lin.bias.detach())

@@ -25,9 +25,10 @@ __all__ = ['TARGET_MODULES', 'NOT_TERNARY', 'M_MMAP_THRESHOLD', 'ADAPTER_JSON', 
 class FrozenBitLinear(nn.Module):
     "A frozen ternary linear for adapter training: int8 codes + scale (buffers), BitLinear's integer forward, gradient at the input only."
     def __init__(self, in_features: int, out_features: int, bias: bool = False, act_bits: int = 8, norm_eps: float | None = None,
-                 device=None, dtype=torch.float32):
+                 device=None, dtype=torch.float32, w_scale: float = 1.0):
         super().__init__()
         self.in_features, self.out_features, self.act_bits = in_features, out_features, int(act_bits)
+        self.w_scale = float(w_scale)   # the ternary step of the BitLinear it froze (a merge re-quantizes on it)
         self.register_buffer('weight', torch.zeros(out_features, in_features, dtype=torch.int8, device=device))   # codes in {-1, 0, 1}
         self.register_buffer('weight_scale', torch.ones((), dtype=torch.float32, device=device))   # s: W ~ codes / s
         self.register_buffer('bias', torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
@@ -53,14 +54,14 @@ def like(cls: FrozenBitLinear, lin: BitLinear, device=None) -> FrozenBitLinear:
                          f"act_bits={lin.act_bits}: finish the lambda warm-up (Stage 2) first")
     norm = lin.rms_norm
     return cls(lin.in_features, lin.out_features, lin.bias is not None, lin.act_bits, None if norm is None else norm.variance_epsilon,
-               device=device, dtype=lin.weight.dtype)
+               device=device, dtype=lin.weight.dtype, w_scale=lin.w_scale)
 
 @patch(cls_method=True)
 def from_bitlinear(cls: FrozenBitLinear, lin: BitLinear) -> FrozenBitLinear:
     "The frozen integer form of a fully quantized (lam = 1) BitLinear."
     m, norm = cls.like(lin, device=lin.weight.device), lin.rms_norm
     with torch.no_grad():
-        q, s = weight_codes(lin.weight.detach())
+        q, s = weight_codes(lin.weight.detach(), c=lin.w_scale)
         m.weight.copy_(q); m.weight_scale.copy_(s)
         if lin.bias is not None: m.bias.copy_(lin.bias.detach())
         if norm is not None: m.rms_norm.weight.copy_(norm.weight.detach())
@@ -164,7 +165,7 @@ def load_frozen(path) -> nn.Module:
         mod_name, _, attr = k.rpartition('.')
         if mod_name in lins and attr == 'weight':   # the FP weight lives only until its codes are made
             fz = model.get_submodule(mod_name)
-            q, s = weight_codes(t)
+            q, s = weight_codes(t, c=fz.w_scale)
             fz.weight.copy_(q); fz.weight_scale.copy_(s)
         elif src == k: _assign(model, k, t)
     if tied: model.tie_weights()
@@ -297,10 +298,11 @@ def nearest_ternary(w: torch.Tensor, scale: float, iters: int = 20) -> tuple[tor
 @torch.no_grad()
 def _merged_bitlinear(base: FrozenBitLinear, codes: torch.Tensor, a: float) -> BitLinear:
     "A BitLinear (lam = 1) that quantizes to exactly `a * codes`, with `base`'s bias, activation bits and fused norm."
-    norm, p = base.rms_norm, float(codes.abs().float().mean())
+    norm, p, c = base.rms_norm, float(codes.abs().float().mean()), base.w_scale
     lin = BitLinear(base.in_features, base.out_features, bias=base.bias is not None, act_bits=base.act_bits,
-                    norm_eps=None if norm is None else norm.variance_epsilon, device=codes.device, dtype=torch.float32)
-    lin.weight.copy_(codes.float() * (a / p) if p else torch.zeros_like(lin.weight))   # absmean a, so it rounds to codes
+                    norm_eps=None if norm is None else norm.variance_epsilon, device=codes.device, dtype=torch.float32, w_scale=c)
+    # |W| = a/(c p) where codes are not 0: the step c * mean|W| is a, and W/a = codes/(c p) rounds to codes (c p <= 2)
+    lin.weight.copy_(codes.float() * (a / (c * p)) if p else torch.zeros_like(lin.weight))
     if base.bias is not None: lin.bias.copy_(base.bias)
     if norm is not None: lin.rms_norm.weight.copy_(norm.weight)
     return lin
@@ -387,7 +389,7 @@ def _layer_scales(base) -> dict:
         base = load(base)
     out = {}
     for n, m in base.named_modules():
-        if isinstance(m, BitLinear): out[n] = float(weight_codes(m.weight.detach())[1])
+        if isinstance(m, BitLinear): out[n] = float(weight_codes(m.weight.detach(), c=m.w_scale)[1])
         elif isinstance(getattr(m, 'weight_scale', None), torch.Tensor): out[n.removesuffix('.base_layer')] = float(m.weight_scale)
     return out
 

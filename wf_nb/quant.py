@@ -21,10 +21,11 @@ __all__ = ['FLOAT_EXACT_K', 'CPU_INT8_FAST', 'weight_quant_int', 'act_quant_int'
            'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
-def weight_quant_int(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
-    "Ternary codes (int8 in {-1,0,1}) and the per-tensor scale `s = 1/mean|w|` with `w ~ codes/s`."
+def weight_quant_int(w: torch.Tensor, eps: float = 1e-5, c: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    "Ternary codes (int8 in {-1,0,1}) and the per-tensor scale `s = 1/(c*mean|w|)` with `w ~ codes/s`."
     wf = w.float()
-    s = 1.0 / wf.abs().mean().clamp(min=eps)
+    m = wf.abs().mean()
+    s = 1.0 / (m * c if c != 1.0 else m).clamp(min=eps)
     return (wf * s).round().clamp(-1, 1).to(torch.int8), s
 
 # %% ../nbs/01_quant.ipynb #964e13ec
@@ -36,10 +37,11 @@ def act_quant_int(x: torch.Tensor, bits: int = 8, eps: float = 1e-5) -> tuple[to
     return (xf * s).round().clamp(qn, qp).to(torch.int8 if bits <= 8 else torch.int32), s
 
 # %% ../nbs/01_quant.ipynb #41167e61
-def weight_quant(w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+def weight_quant(w: torch.Tensor, eps: float = 1e-5, c: float = 1.0) -> torch.Tensor:
     "Fake-quantized (dequantized) ternary weight, in `w`'s dtype."
     wf = w.float()
-    s = 1.0 / wf.abs().mean().clamp(min=eps)
+    m = wf.abs().mean()
+    s = 1.0 / (m * c if c != 1.0 else m).clamp(min=eps)
     return (wf * s).round_().clamp_(-1, 1).div_(s).to(w.dtype)   # in-place: fewer fp32 temporaries
 
 def act_quant(x: torch.Tensor, bits: int = 8, eps: float = 1e-5) -> torch.Tensor:
@@ -50,11 +52,12 @@ def act_quant(x: torch.Tensor, bits: int = 8, eps: float = 1e-5) -> torch.Tensor
     return (xf * s).round_().clamp_(qn, qp).div_(s).to(x.dtype)
 
 # %% ../nbs/01_quant.ipynb #0a91b3bf
-def _wq_transformers(weight):
-    # the exact op sequence of transformers' WeightQuant.forward, so the compiled kernels match bit for bit
+def _wq_transformers(weight, c: float = 1.0):
+    # the exact op sequence of transformers' WeightQuant.forward, so the compiled kernels match bit for bit (at c = 1)
     dtype = weight.dtype
     weight = weight.float()
-    scale = 1.0 / weight.abs().mean().clamp_(min=1e-5)
+    m = weight.abs().mean()
+    scale = 1.0 / (m * c if c != 1.0 else m).clamp_(min=1e-5)
     weight = (weight * scale).round().clamp(-1, 1) / scale
     return weight.to(dtype)
 
@@ -75,11 +78,13 @@ class CompiledOrEager:
         return self.eager(t, *args)
 
 # %% ../nbs/01_quant.ipynb #5939caf8
-_WQ = CompiledOrEager(_wq_transformers, weight_quant)
+def _wq_eager(w, c: float = 1.0): return weight_quant(w, c=c)
 
-def weight_quant_compiled(w: torch.Tensor) -> torch.Tensor:
-    "`weight_quant` under `torch.compile` (bit-identical to transformers' `WeightQuant`); eager fallback."
-    return _WQ(w)
+_WQ = CompiledOrEager(_wq_transformers, _wq_eager)
+
+def weight_quant_compiled(w: torch.Tensor, c: float = 1.0) -> torch.Tensor:
+    "`weight_quant` under `torch.compile` (bit-identical to transformers' `WeightQuant` at `c = 1`); eager fallback."
+    return _WQ(w, c)
 
 # %% ../nbs/01_quant.ipynb #0f9397fb
 class _STE(torch.autograd.Function):
@@ -175,16 +180,17 @@ def _scratch(shape, device, dtype=torch.float32) -> torch.Tensor:
     return buf[:n].view(shape)
 
 # %% ../nbs/01_quant.ipynb #d12de0ad
-def _weight_codes_eager(w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _weight_codes_eager(w: torch.Tensor, eps: float, c: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     b = _scratch(w.shape, w.device)   # one reused fp32 buffer instead of two fresh weight-sized temporaries
-    s = 1.0 / b.copy_(w).abs_().mean().clamp(min=eps)
+    m = b.copy_(w).abs_().mean()
+    s = 1.0 / (m * c if c != 1.0 else m).clamp(min=eps)
     return b.copy_(w).mul_(s).round_().clamp_(-1, 1).to(torch.int8), s
 
 _WEIGHT_Q = CompiledOrEager(weight_quant_int, _weight_codes_eager, dynamic=True)   # the reference itself, compiled
 
-def weight_codes(w: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
-    "`weight_quant_int(w)` compiled (two reads of `w`): the scale equal up to its last bit, so the codes except at a rounding boundary."
-    return _WEIGHT_Q(w, eps)
+def weight_codes(w: torch.Tensor, eps: float = 1e-5, c: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    "`weight_quant_int(w, eps, c)` compiled (two reads of `w`): the scale equal up to its last bit, so the codes except at a rounding boundary."
+    return _WEIGHT_Q(w, eps, c)
 
 # %% ../nbs/01_quant.ipynb #5948b065
 class _GradClock:
@@ -231,11 +237,11 @@ def watch_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
 def cached_weight_codes(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     "`weight_codes(mod.weight)`, computed once per weight value (cached on `mod`, keyed by storage and `_weight_state`)."
     w = mod.weight
-    key = (w.data_ptr(), *_weight_state(w), w.device, w.dtype)
+    key = (w.data_ptr(), *_weight_state(w), w.device, w.dtype, getattr(mod, 'w_scale', 1.0))
     hit = getattr(mod, '_wq_cache', None)
     if hit is not None and hit[0] == key and not (hit[1].is_inference() and not torch.is_inference_mode_enabled()):
         return hit[1], hit[2]
-    with torch.no_grad(): q, s = weight_codes(w)
+    with torch.no_grad(): q, s = weight_codes(w, c=getattr(mod, 'w_scale', 1.0))
     mod._wq_cache = (key, q, s)
     return q, s
 
@@ -427,9 +433,10 @@ def _fused_fake_quant(x):
 class BitLinear(nn.Linear):
     "Ternary-weight, int8-activation linear layer (BitNet b1.58) with a straight-through estimator."
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
-                 lam: float = 1.0, act_bits: int = 8, norm_eps: float | None = None, haar: bool = False):
+                 lam: float = 1.0, act_bits: int = 8, norm_eps: float | None = None, haar: bool = False, w_scale: float = 1.0):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.lam, self.act_bits, self.haar = float(lam), int(act_bits), bool(haar)
+        self.w_scale = float(w_scale)   # the ternary step as a multiple of mean|W| (`quant.weight_scale`; 1 = BitNet b1.58)
         self.rms_norm = RMSNorm(in_features, norm_eps, device=device, dtype=dtype) if norm_eps is not None else None
         self._fused_norm = []   # [FusedSubLN or FusedInputNorm] when the norm before this layer is fused into its integer forward
         if haar:
@@ -443,7 +450,8 @@ BitLinear.codes_per_step = False   # compiled forwards read the weight codes fro
 
 @patch
 def extra_repr(self: BitLinear):
-    return super(BitLinear, self).extra_repr() + f', lam={self.lam}, act_bits={self.act_bits}' + (', haar=True' if self.haar else '')
+    return (super(BitLinear, self).extra_repr() + f', lam={self.lam}, act_bits={self.act_bits}' + (', haar=True' if self.haar else '')
+            + (f', w_scale={self.w_scale}' if self.w_scale != 1.0 else ''))
 
 # %% ../nbs/01_quant.ipynb #cebcf8cd
 @patch(cls_method=True)
@@ -493,11 +501,11 @@ def _fake_quant_linear(self: BitLinear, x: torch.Tensor) -> torch.Tensor:
     "`F.linear` of the STE-quantized input and weight at strength `lam` (the plain linear at `lam = 0`)."
     lam, w = self.lam, self.weight
     if lam > 0:
-        fused = _fused_fake_quant(x) if self.act_bits == 8 else None
+        fused = _fused_fake_quant(x) if self.act_bits == 8 and self.w_scale == 1.0 else None
         if fused:   # fused Triton quantizers on CUDA (registered by wf_nb.kernels)
             w, x = fused[0](w, lam), fused[1](x, lam)
         else:
-            w = ste_quant(w, weight_quant_compiled, lam)
+            w = ste_quant(w, lambda t: weight_quant_compiled(t, self.w_scale), lam)
             if self.act_bits: x = ste_quant(x, lambda t: act_quant(t, self.act_bits), lam)
     return F.linear(x, w, self.bias)
 
@@ -587,8 +595,8 @@ def fuse_input_norm(norm: nn.Module, parent: nn.Module, names) -> FusedInputNorm
 class _TracedIntLinear(torch.autograd.Function):
     "`int_linear` in traceable tensor ops: quantizers, int8 GEMM, rescale; backward: the STE from the dequantized codes."
     @staticmethod
-    def forward(ctx, x, w, bias, act_bits, out_dtype, wq=None, ws=None):
-        if wq is None: wq, ws = weight_quant_int(w)   # not handed in (`weight_codes_per_step`): quantized in the graph
+    def forward(ctx, x, w, bias, act_bits, out_dtype, c=1.0, wq=None, ws=None):
+        if wq is None: wq, ws = weight_quant_int(w, c=c)   # not handed in (`weight_codes_per_step`): quantized in the graph
         xq, xs = act_quant_int(x.reshape(-1, x.shape[-1]), act_bits)
         y = int8_mm(xq, wq).float() / (xs * ws)
         if bias is not None: y = y + bias.float()
@@ -606,7 +614,7 @@ class _TracedIntLinear(torch.autograd.Function):
         # Xq dequantized in one pass over [M, K] (the compiler fuses it), not g scaled over [M, N]: ~8% of a step on CPU
         if ctx.needs_input_grad[1]: gw = (g2.t() @ (xq.float() / xs).to(dt)).to(wdt)
         if bdt is not None and ctx.needs_input_grad[2]: gb = g2.sum(0).to(bdt)
-        return gx, gw, gb, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None
 
 # %% ../nbs/01_quant.ipynb #cb966b0e
 def traced_forward(mod: BitLinear, x: torch.Tensor) -> torch.Tensor:
@@ -619,9 +627,9 @@ def traced_forward(mod: BitLinear, x: torch.Tensor) -> torch.Tensor:
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         codes = mod._wq_cache[1:] if mod.codes_per_step else ()   # fresh: `weight_codes_per_step`'s hook ran
         with torch.autocast(dev, enabled=False):
-            return _TracedIntLinear.apply(x, w, mod.bias, mod.act_bits, out_dtype, *codes)
+            return _TracedIntLinear.apply(x, w, mod.bias, mod.act_bits, out_dtype, mod.w_scale, *codes)
     if lam > 0:
-        w = ste_quant(w, weight_quant, lam)
+        w = ste_quant(w, lambda t: weight_quant(t, c=mod.w_scale), lam)
         if mod.act_bits: x = ste_quant(x, lambda t: act_quant(t, mod.act_bits), lam)
     return F.linear(x, w, mod.bias)
 
@@ -713,7 +721,7 @@ def quant_error_stats(model: nn.Module, inputs=None) -> list[dict]:
         finally:
             for h in hooks: h.remove()
     for n, m in layers:
-        w = m.weight.float(); q, s = weight_quant_int(w)
+        w = m.weight.float(); q, s = weight_quant_int(w, c=m.w_scale)
         r = dict(layer=n, scale=s.item(), zeros=(q == 0).float().mean().item(), w_err=_rel(q.float() / s, w))
         if inputs is not None: r['a_err'] = captured.get(n, float('nan'))
         rows.append(r)

@@ -23,8 +23,8 @@ from .quant import bitlinears
 # %% auto #0
 __all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA',
            'PIPELINE_DATA_NO_TEACHER', 'PIPELINE_TEACHER_TOKENS', 'PIPELINE_QUANT_WARMUP', 'PIPELINE_LAYERWISE',
-           'PIPELINE_LR', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step',
-           'kd_step', 'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
+           'PIPELINE_LR', 'PIPELINE_WEIGHT_SCALE', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent',
+           'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ def register_stage(spec: StageSpec) -> StageSpec:
 # %% ../nbs/07_stages.ipynb #90fe69dc
 def lineage_key(cfg: WFConfig) -> dict:
     "Config values that define a lineage: runs that share them can hand checkpoints to each other."
-    return {'model.name': cfg.model.name, 'quant.placement': cfg.quant.placement, 'quant.haar': cfg.quant.haar}
+    return {'model.name': cfg.model.name, 'quant.placement': cfg.quant.placement, 'quant.haar': cfg.quant.haar,
+            'quant.weight_scale': cfg.quant.weight_scale}   # the converted model's quantizer
 
 def find_parent(cfg: WFConfig, runs_dir=None) -> Run | None:
     "Newest completed run of a stage this one starts from (`STAGES[cfg.stage].parents`, in that order)."
@@ -97,7 +98,7 @@ def distill_step(teacher):
             return saliency_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d)
         res = pretrain_distill_loss(s, t, batch['labels'], real_tokens(batch), step=ctx.step, max_steps=ctx.max_steps, cfg=d,
                                     s_maps=s_maps, t_maps=t_maps)
-        return {**res, 'teacher_forced': float(forced)} if d.teacher_forcing else res
+        return {**res, 'objective': float(forced)} if d.teacher_forcing else res   # 1: block-wise, 0: end-to-end (its own loss average)
     return step
 
 # %% ../nbs/07_stages.ipynb #84db2d88
@@ -554,6 +555,14 @@ def _pipeline_lr(model: str, overrides, lr: float = PIPELINE_LR) -> list[str]:
     if _sets(overrides, 'training.lr'): return []
     return [f'training.lr={lr}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
 
+# %% ../nbs/07_stages.ipynb #b2c3d4e5f6a70001
+PIPELINE_WEIGHT_SCALE = 1.5   # a conversion's ternary step, x mean|W| (BitNet's absmean: 1): measured, see above
+
+def _pipeline_weight_scale(model: str, overrides, c: float = PIPELINE_WEIGHT_SCALE) -> list[str]:
+    "`['quant.weight_scale=C']` for a pretrained model's ternary conversion, unless `overrides` set the step."
+    if c == 1.0 or _sets(overrides, 'quant.weight_scale'): return []
+    return [f'quant.weight_scale={c}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
+
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print, callbacks=()) -> dict:
@@ -569,6 +578,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     overrides += _pipeline_warmup(model, overrides, tokens)            # lambda ramps over the first PIPELINE_QUANT_WARMUP
     overrides += _pipeline_layerwise(model, overrides)                 # + the layer-wise hidden-state term
     overrides += _pipeline_lr(model, overrides)                        # at the pipeline's learning rate
+    overrides += _pipeline_weight_scale(model, overrides)              # on the measured ternary step
     results, parent = {}, None
     for stage, n in plan:
         comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays

@@ -76,6 +76,7 @@ def _init_counters(self: Trainer):
     self.lr_at = schedule_for(self.t, self.max_steps)
     self.step, self.tokens_seen, self.lr_scale, self.rollbacks = 0, 0, 1.0, 0
     self.loss_ema, self.best_val, self.cost, self.elapsed, self.over_budget = None, float('inf'), 0.0, 0.0, False
+    self.loss_objective = None   # the `objective` the step function reports with its loss (LossEMA averages one at a time)
     self.flops_per_token = train_flops_per_token(self.acc.unwrap_model(self.model), self.cfg.data.seq_len)
     self.metrics_path, self.wandb, self.eager, self.last = self.run_dir/'metrics.jsonl', None, False, None
     self.stop_reason = self.stop_message = self.stop_signal = None
@@ -114,7 +115,7 @@ def request_stop(self: Trainer, reason: str, message: str, signum: int | None = 
 def state(self: Trainer) -> dict:
     ds = self.data.state_dict() if hasattr(self.data, 'state_dict') else {}
     return {'step': self.step, 'tokens_seen': self.tokens_seen, 'lr_scale': self.lr_scale, 'rollbacks': self.rollbacks,
-            'loss_ema': self.loss_ema, 'best_val': self.best_val, 'cost': self.cost, 'elapsed': self.elapsed,
+            'loss_ema': self.loss_ema, 'loss_objective': self.loss_objective, 'best_val': self.best_val, 'cost': self.cost, 'elapsed': self.elapsed,
             'data': json.dumps(ds), 'rng': rng_state(), 'rank': self.acc.process_index}
 
 @patch
@@ -130,7 +131,7 @@ def _rank_rngs(self: Trainer) -> list:
 def load_state(self: Trainer, st: dict, data=True):
     self.step, self.tokens_seen, self.lr_scale = st['step'], st['tokens_seen'], st['lr_scale']
     self.rollbacks, self.loss_ema, self.best_val = st['rollbacks'], st['loss_ema'], st['best_val']
-    self.cost, self.elapsed = st.get('cost', 0.0), st.get('elapsed', 0.0)
+    self.cost, self.elapsed, self.loss_objective = st.get('cost', 0.0), st.get('elapsed', 0.0), st.get('loss_objective')
     if data and hasattr(self.data, 'load_state_dict'): self.data.load_state_dict(json.loads(st['data']))
     rngs, r = st.get('rng_ranks') or [st['rng']], self.acc.process_index
     set_rng_state(rngs[r] if r < len(rngs) else rngs[0])   # same world size: each rank's own stream
