@@ -227,3 +227,28 @@ def test_cli_export_gguf_and_refusal(wf, tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert bad.stderr.startswith('wf export: error: gguf:') and '128 inputs, not a multiple of TQ1_0' in bad.stderr, bad.stderr
     assert not (tmp_path / 'b.gguf').exists()
+
+
+def test_larger_ternary_step_runs_as_written(tmp_path, tok, text_ids):
+    """A student converted on a larger ternary step (`quant.weight_scale=1.5`, `wf pipeline`'s default: a `wf_bitnet`
+    model while it trains) exports as llama.cpp's bitnet GGUF and runs there as wf_nb runs it: the codes and the scale
+    of each matrix hold the step. The same latent weights on BitNet's step are another model, far further off."""
+    from wf_nb.assets import load_fp_model
+    from wf_nb.config import get_config, QuantConfig
+    from wf_nb.convert import convert, save_model, load
+    from wf_nb.export import export_model, pack_model
+    from wf_nb.quant import bitlinears
+    st = convert(load_fp_model(get_config(model='tiny_llama').model), QuantConfig(weight_scale=1.5)).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in st.parameters(): p.add_(torch.randn_like(p) * 0.02)   # latent weights off their init, as a student's are
+    save_model(st, tok, tmp_path / 'ckpt')
+    export_model(tmp_path / 'ckpt', 'gguf', tmp_path / 's.gguf', embed_type='q8_0')
+    ids = text_ids[:64]
+    got = llamacpp(tmp_path / 's.gguf', dict(op='logprobs', tokens=ids))[0]['logprobs']
+    want = wf_logprobs(with_gguf_embedding(pack_model(load(tmp_path / 'ckpt')), 'q8_0'), ids)
+    for _, m in bitlinears(st): m.w_scale = 1.0
+    bitnet_step = wf_logprobs(with_gguf_embedding(pack_model(st), 'q8_0'), ids)
+    gap = lambda a, b: sum(abs(x - y) for x, y in zip(a, b)) / len(a)
+    assert abs(ppl(got) / ppl(want) - 1) < 0.005, (ppl(got), ppl(want))
+    assert gap(got, want) < 0.1 * gap(bitnet_step, want), (gap(got, want), gap(bitnet_step, want))
