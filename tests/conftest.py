@@ -38,6 +38,10 @@ def pytest_runtest_makereport(item, call):
 def _compile_cache(tmp_path_factory):
     "One torch.compile cache for the session (its default lives under TMPDIR, which changes per test)."
     os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', str(tmp_path_factory.mktemp('inductor')))
+    # inductor fixes its precompiled-header folder when codecache is first imported, under tempfile.gettempdir(): import
+    # it now, so that folder is not the first compiling test's TMPDIR, removed when that test passes (every later C++
+    # compile then fails and wf_nb's quantizers fall back to eager: the warning tests/test_llamacpp.py used to show)
+    import torch._inductor.codecache  # noqa: F401
 
 @pytest.fixture(autouse=True)
 def _test_tmpdir(tmp_path, monkeypatch):

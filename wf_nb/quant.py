@@ -12,13 +12,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['FLOAT_EXACT_K', 'CPU_INT8_FAST', 'weight_quant_int', 'act_quant_int', 'weight_quant', 'act_quant', 'CompiledOrEager',
-           'weight_quant_compiled', 'ste_quant', 'lambda_at', 'haar_width', 'haar_transform', 'int8_mm',
-           'register_act_codes', 'register_int_rescale', 'register_fake_quant', 'weight_codes', 'watch_optimizer',
-           'cached_weight_codes', 'shared_act_codes', 'norm_act_codes', 'int_rescale', 'int_linear',
-           'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN', 'fuse_subln', 'FusedInputNorm',
-           'fuse_input_norm', 'traced_forward', 'bitlinears', 'set_lambda', 'weight_codes_per_step', 'quant_state',
-           'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
+__all__ = ['QUANT_RECOMPILE_LIMIT', 'FLOAT_EXACT_K', 'CPU_INT8_FAST', 'weight_quant_int', 'act_quant_int', 'weight_quant',
+           'act_quant', 'CompiledOrEager', 'weight_quant_compiled', 'ste_quant', 'lambda_at', 'haar_width',
+           'haar_transform', 'int8_mm', 'register_act_codes', 'register_int_rescale', 'register_fake_quant',
+           'weight_codes', 'watch_optimizer', 'cached_weight_codes', 'shared_act_codes', 'norm_act_codes',
+           'int_rescale', 'int_linear', 'transformers_exact', 'RMSNorm', 'BitLinear', 'FusedSubLN', 'fuse_subln',
+           'FusedInputNorm', 'fuse_input_norm', 'traced_forward', 'bitlinears', 'set_lambda', 'weight_codes_per_step',
+           'quant_state', 'record_quant_state', 'pack_ternary', 'unpack_ternary', 'quant_error_stats']
 
 # %% ../nbs/01_quant.ipynb #a36089fa
 def weight_quant_int(w: torch.Tensor, eps: float = 1e-5, c: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +62,8 @@ def _wq_transformers(weight, c: float = 1.0):
     return weight.to(dtype)
 
 # %% ../nbs/01_quant.ipynb #70d2debc
+QUANT_RECOMPILE_LIMIT = 64   # compiled variants per quantizer (dynamo's default: 8; a notebook that converts, trains and exports needs ~16)
+
 class CompiledOrEager:
     "Calls `fn` under `torch.compile` (compiled at the first call; off with WF_NB_COMPILE_QUANT=0), else `eager`."
     def __init__(self, fn, eager, **compile_kw): self.fn, self.eager, self.kw, self.compiled = fn, eager, compile_kw, None
@@ -71,9 +73,11 @@ class CompiledOrEager:
         if self.compiled is not False and t.device.type != 'meta':
             if not torch.is_grad_enabled():   # nothing to differentiate: one compiled variant per dtype, not also per requires_grad
                 t, args = t.detach(), tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            try: return self.compiled(t, *args)
+            try:
+                if torch.compiler.is_compiling(): return self.compiled(t, *args)   # inlined into the caller's graph
+                with torch._dynamo.config.patch(recompile_limit=QUANT_RECOMPILE_LIMIT): return self.compiled(t, *args)
             except Exception as e:  # no compiler toolchain, unsupported tensor subclass, ...
-                import warnings; warnings.warn(f"wf_nb: torch.compile of {self.fn.__name__} failed ({type(e).__name__}); using eager")
+                import warnings; warnings.warn(f"wf_nb: torch.compile of {self.fn.__name__} failed ({type(e).__name__}: {str(e).strip()[:300]}); using eager")
                 self.compiled = False
         return self.eager(t, *args)
 

@@ -13,6 +13,8 @@ machine is shared, so compare within one run; run with OMP_NUM_THREADS=1):
   s2c     s2 with `training.compile=true` (the student's and the teacher's decoder blocks compiled, compiled losses)
   s2f     s2 with the teacher's Linear weights left in fp32 (autocast re-casts them to bf16 in every forward): the
           Stage-2 step before `wf_nb.stages._autocast_weights`, bit for bit the same losses
+  s2w     s2 on the ternary step `wf pipeline` converts at (`quant.weight_scale`, PIPELINE_WEIGHT_SCALE = 1.5)
+  s2cw    s2c on that step: the default pipeline's compiled Stage-2 step
 
 Per arm: the median step time, tokens/s (B x S input tokens per step, as bench_quality counts them), tokens per CPU
 second (process CPU time), and the median split of a step: batch draw, teacher forward, student forward, loss,
@@ -32,6 +34,8 @@ warm-up; median seconds per step, tokens/s of wall time and per CPU second, rati
                            step compiled for 75 s (cold inductor cache), its first validation 34 s (4 s eager).
   --arms s2,s2c (quiet, load ~1; warm inductor cache): s2 3.12 s (164 tok/s), s2c 2.48 (207) 1.26x; s2c's first step
                            4.5 s, its first validation 2.6 s.
+  --arms s2,s2w,s2c,s2cw (session 55, AVX-512, tcmalloc, beside one other job): s2 2.75 s (186 tok/s), s2w 2.86 (179),
+                           s2c 2.52 (203), s2cw 2.45 (209): the ternary step 1.5 x mean|W| costs nothing, eager or compiled.
 
 The allocator (session 40; `training.allocator`, wf_nb.launch): the same benchmark in alternating processes, glibc's
 allocator against tcmalloc preloaded (`LD_PRELOAD=libtcmalloc_minimal.so.4`, as `wf train` now runs where it is
@@ -56,7 +60,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 B, S = 4, 128
-ARMS = ['peer', 's19', 's2', 's2c', 's2f']
+ARMS = ['peer', 's19', 's2', 's2c', 's2f', 's2w', 's2cw']
 PARTS = ['draw', 'teacher fwd', 'student fwd', 'loss', 'backward', 'clip', 'optimizer', 'callbacks', 'rest']
 
 class Clock:
@@ -125,14 +129,16 @@ class Peer:
 
 class WfArm:
     "A Stage 1.9 / 2 step through wf_nb's Trainer (its callbacks included, checkpoints apart), its parts timed."
-    def __init__(self, stage, compile, student_dir, teacher, batch, val, clock, run_dir):
+    def __init__(self, stage, compile, student_dir, teacher, batch, val, clock, run_dir, w_scale=1.0):
         from wf_nb.convert import load
+        from wf_nb.quant import bitlinears
         from wf_nb.step import RunPlan
         from wf_nb.stages import distill_step, _stage_callbacks
         from wf_nb.trainer import Trainer
         from wf_nb.parallel import make_accelerator
         self.cfg, self.clock = cfg_for(stage, compile), clock
         model = load(student_dir)
+        for _, m in bitlinears(model): m.w_scale = w_scale   # the ternary step c x mean|W| (c = 1: BitNet's)
         acc = make_accelerator('bf16')
         tr = self.tr = Trainer(self.cfg, model, Same(batch), run_dir, step_fn=distill_step(teacher), val_data=val, accelerator=acc,
                                log=lambda *a, **k: None, plan=RunPlan(300), callbacks=_stage_callbacks(self.cfg, model))
@@ -186,10 +192,13 @@ def main():
         t0 = time.perf_counter()
         if arm == 'peer': steppers[arm] = Peer(teacher32, batch, clocks[arm])
         else:
-            t = (_teacher(cfg_for('2', compile=True)) if arm == 's2c' else   # compiled in place: its own copy
+            from wf_nb.stages import PIPELINE_WEIGHT_SCALE
+            compiled = arm in ('s2c', 's2cw')
+            t = (_teacher(cfg_for('2', compile=True)) if compiled else   # compiled in place: its own copy
                  teacher32 if arm == 's2f' else teacher)
-            steppers[arm] = WfArm('1.9' if arm == 's19' else '2', arm == 's2c', student_dir, t, batch, val, clocks[arm], tmp/f'run_{arm}')
-        once[f'{arm}: build (student load, optimizer{", teacher load" if arm == "s2c" else ""})'] = time.perf_counter() - t0
+            steppers[arm] = WfArm('1.9' if arm == 's19' else '2', compiled, student_dir, t, batch, val, clocks[arm], tmp/f'run_{arm}',
+                                  w_scale=PIPELINE_WEIGHT_SCALE if arm in ('s2w', 's2cw') else 1.0)
+        once[f'{arm}: build (student load, optimizer{", teacher load" if arm in ("s2c", "s2cw") else ""})'] = time.perf_counter() - t0
     print(f"# bench_stage_speed: arms {arms}, batch {B} x {S}, {torch.get_num_threads()} thread(s), RSS {rss_mb()} MB after building", flush=True)
     rows = {arm: [] for arm in arms}
     for r in range(a.warmup + a.rounds):
