@@ -5,15 +5,16 @@
 RUN_A / RUN_B: a run folder (its `metrics.jsonl`), or a `bench_quality.py --out` folder (its Stage-2 run). Paired arms (the
 same data, batches and seed; `bench_quality.py` keeps them so) differ only by what the arms change, so B/A per window says
 where in training one arm pulls ahead: while lambda ramps, or on the ternary steps after it."""
-import argparse, json, sys
+import argparse, sys
 from pathlib import Path
 
 def metrics(path: str) -> list[dict]:
-    "The rows of a run's metrics.jsonl; a bench_quality --out folder stands for its Stage-2 run."
+    "The rows of a run's metrics.jsonl (`wf_nb.registry.read_metrics`: a run still writing is read too); a bench_quality --out folder stands for its Stage-2 run."
+    from wf_nb.registry import read_metrics
     p = Path(path)
     files = [p] if p.suffix == '.jsonl' else [p/'metrics.jsonl'] if (p/'metrics.jsonl').exists() else sorted(p.glob('runs/*-s2-*/metrics.jsonl'))
     if not files: sys.exit(f"pair_runs: error: no metrics.jsonl in {p}: pass a run folder or a bench_quality --out folder")
-    return [json.loads(l) for l in files[0].read_text().splitlines() if l.strip()]
+    return read_metrics(files[0])
 
 def windowed(rows: list[dict], key: str, window: int) -> dict[int, float]:
     "Mean of `key` per window of `window` student tokens: {window index: mean}."
