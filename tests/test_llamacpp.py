@@ -230,7 +230,7 @@ def test_cli_export_gguf_and_refusal(wf, tmp_path):
 
 
 def test_larger_ternary_step_runs_as_written(tmp_path, tok, text_ids):
-    """A student converted on a larger ternary step (`quant.weight_scale=1.5`, `wf pipeline`'s default: a `wf_bitnet`
+    """A student converted on a larger ternary step (`wf pipeline`'s, `PIPELINE_WEIGHT_SCALE` x mean|W|: a `wf_bitnet`
     model while it trains) exports as llama.cpp's bitnet GGUF and runs there as wf_nb runs it: the codes and the scale
     of each matrix hold the step. The same latent weights on BitNet's step are another model, far further off."""
     from wf_nb.assets import load_fp_model
@@ -238,7 +238,9 @@ def test_larger_ternary_step_runs_as_written(tmp_path, tok, text_ids):
     from wf_nb.convert import convert, save_model, load
     from wf_nb.export import export_model, pack_model
     from wf_nb.quant import bitlinears
-    st = convert(load_fp_model(get_config(model='tiny_llama').model), QuantConfig(weight_scale=1.5)).eval()
+    from wf_nb.stages import PIPELINE_WEIGHT_SCALE
+    assert PIPELINE_WEIGHT_SCALE != 1.0
+    st = convert(load_fp_model(get_config(model='tiny_llama').model), QuantConfig(weight_scale=PIPELINE_WEIGHT_SCALE)).eval()
     torch.manual_seed(0)
     with torch.no_grad():
         for p in st.parameters(): p.add_(torch.randn_like(p) * 0.02)   # latent weights off their init, as a student's are

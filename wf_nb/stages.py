@@ -556,7 +556,7 @@ def _pipeline_lr(model: str, overrides, lr: float = PIPELINE_LR) -> list[str]:
     return [f'training.lr={lr}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
 
 # %% ../nbs/07_stages.ipynb #b2c3d4e5f6a70001
-PIPELINE_WEIGHT_SCALE = 1.5   # a conversion's ternary step, x mean|W| (BitNet's absmean: 1): measured, see above
+PIPELINE_WEIGHT_SCALE = 1.75  # a conversion's ternary step, x mean|W| (BitNet's absmean: 1): measured, see above (1.25, 1.5, 1.75, 2)
 
 def _pipeline_weight_scale(model: str, overrides, c: float = PIPELINE_WEIGHT_SCALE) -> list[str]:
     "`['quant.weight_scale=C']` for a pretrained model's ternary conversion, unless `overrides` set the step."

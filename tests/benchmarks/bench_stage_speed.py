@@ -13,7 +13,7 @@ machine is shared, so compare within one run; run with OMP_NUM_THREADS=1):
   s2c     s2 with `training.compile=true` (the student's and the teacher's decoder blocks compiled, compiled losses)
   s2f     s2 with the teacher's Linear weights left in fp32 (autocast re-casts them to bf16 in every forward): the
           Stage-2 step before `wf_nb.stages._autocast_weights`, bit for bit the same losses
-  s2w     s2 on the ternary step `wf pipeline` converts at (`quant.weight_scale`, PIPELINE_WEIGHT_SCALE = 1.5)
+  s2w     s2 on the ternary step `wf pipeline` converts at (`quant.weight_scale`, PIPELINE_WEIGHT_SCALE; measured below at 1.5)
   s2cw    s2c on that step: the default pipeline's compiled Stage-2 step
 
 Per arm: the median step time, tokens/s (B x S input tokens per step, as bench_quality counts them), tokens per CPU
