@@ -506,7 +506,7 @@ def test_api_second_train_of_a_starting_run_refused(tmp_path, monkeypatch):
     with pytest.raises(RunExistsError, match='already running'): J.train(**args)
     assert not spawned
 
-def test_bench_quality_refuses_missing_domains(tmp_path, monkeypatch, capsys):
+def test_bench_quality_refuses_missing_domains(monkeypatch, capsys):
     "bench_quality stops with one line naming a held-out domain it cannot read (its package), unless told to measure the rest."
     monkeypatch.syspath_prepend(str(Path(__file__).parent/'benchmarks'))
     import bench_quality

@@ -98,11 +98,11 @@ def missing_domains() -> dict[str, str]:
 
 def require_domains(allow_missing: bool = False):
     "Exit with one line unless every held-out domain is installed: a table on fewer domains does not pair with one on all six."
+    from wf_nb.generality import HELDOUT_DOMAINS
     gone = missing_domains()
     if not gone: return
     why = '; '.join(f'{d}: {e}' for d, e in gone.items())
     if allow_missing: print(f"bench_quality: measuring without {', '.join(gone)} ({why})", file=sys.stderr); return
-    from wf_nb.generality import HELDOUT_DOMAINS
     raise SystemExit(f"bench_quality: error: {len(gone)} of the {len(HELDOUT_DOMAINS)} held-out domains cannot be read ({why}); "
                      "install them, or pass --allow-missing-domains to measure the rest")
 
