@@ -523,3 +523,10 @@ def test_bench_quality_refuses_missing_domains(monkeypatch, capsys):
     assert 'without computing_lore' in capsys.readouterr().err
     monkeypatch.setitem(corpora.CORPORA, 'jargon', lambda: [])
     bench_quality.require_domains()   # all six there: no error
+    # a table whose arm lacks domains the teacher has marks its mean as partial; one on fewer than six says which are missing
+    from wf_nb.generality import HELDOUT_DOMAINS
+    doms = list(HELDOUT_DOMAINS)
+    fp, arm = {'arm': 'fp', 'domains': dict.fromkeys(doms, 10.), 'train_s': 0}, {'arm': 'wf', 'domains': dict.fromkeys(doms[:3], 20.), 'train_s': 1}
+    assert '2.00x (3 of 6)' in bench_quality.generality_table([fp, arm])
+    fp['domains'] = dict.fromkeys(doms[:5], 10.)
+    assert f'{doms[5]} not installed' in bench_quality.generality_table([fp, arm])
