@@ -118,6 +118,7 @@ class QuantConfig:
     subln_init: str = 'calibrated'      # inserted norms start at: calibrated (their input's RMS in the FP model) | ones (the paper)
     warmup_steps: int = 0               # lambda ramps 0 -> 1 over the lineage's first N quantized steps (0 = fully quantized)
     haar: bool = False                  # Haar-wavelet activations (ablation)
+    rotation: str = 'none'              # Stage 1: Haar rotations folded into the FP weights before ternarizing (wf_nb.rotate): none | values | residual | residual+values
     weight_scale: float = 1.0           # Stage 1: the ternary step as a multiple of mean|W| (1 = BitNet b1.58, at most 2; see 01_quant); the model carries it
     act_bits: int = 8
 
@@ -355,6 +356,7 @@ CHOICES = {'model.arch': ('hf','llama','qwen3','mobilellm','moe','fft'), 'model.
            'training.optimizer': ('adamw','muon','sgd'), 'training.precision': ('auto','fp32','bf16'),
            'training.allocator': ('auto','system','tcmalloc','jemalloc'),
            'quant.placement': ('paper','allnorm','none'), 'distill.layerwise_schedule': ('cosine','constant'), 'quant.subln_init': ('calibrated','ones'),
+           'quant.rotation': ('none', 'values', 'residual', 'residual+values'),
            'distill.saliency_score': ('kl','teacher_ce'),
            'logging.wandb_mode': ('','online','offline','disabled'),
            'distributed.scale': ('single','small','medium','large'), 'distributed.strategy': ('ddp','fsdp'),
@@ -384,6 +386,11 @@ def _check_sizes(cfg: WFConfig):
     if cfg.model.hidden_size % cfg.model.num_heads: raise ConfigError("model.hidden_size must be divisible by model.num_heads")
     if cfg.model.num_heads % cfg.model.num_kv_heads: raise ConfigError("model.num_heads must be divisible by model.num_kv_heads")
 
+def _check_quant(cfg: WFConfig):
+    if cfg.quant.haar and cfg.quant.rotation != 'none':
+        raise ConfigError(f"quant.haar=true and quant.rotation={cfg.quant.rotation} both Haar-mix the ternary layers' inputs: "
+                          "use one (quant.rotation keeps the model a stock BitNet that llama.cpp runs)")
+
 def _check_peft(cfg: WFConfig):
     bad = [t for t in cfg.peft.targets.split(',') if t.strip() not in PEFT_TARGETS]
     if cfg.peft.method and (bad or not cfg.peft.targets.strip()):
@@ -402,6 +409,7 @@ def validate(cfg: WFConfig) -> WFConfig:
         if v not in opts: raise ConfigError(f"{k}={v!r} is not one of {', '.join(map(repr, opts))}.{_suggest(str(v), opts)}")
     _check_sizes(cfg)
     _check_peft(cfg)
+    _check_quant(cfg)
     return cfg
 
 # %% ../nbs/00a_config.ipynb #785edfc4
@@ -464,7 +472,8 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
 
 # %% ../nbs/00a_config.ipynb #b172fa86
 FINGERPRINT_OFF = {'distill.attention_weight': 0.0,    # dotted path: its off value (added in session 51)
-                   'distill.teacher_forcing': 0.0, 'quant.weight_scale': 1.0}    # (session 55)
+                   'distill.teacher_forcing': 0.0, 'quant.weight_scale': 1.0,    # (session 55)
+                   'quant.rotation': 'none'}   # (session 59)
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

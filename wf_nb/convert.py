@@ -17,6 +17,7 @@ from .io import atomic_dir, format_table
 import wf_nb.kernels   # registers the fused Triton quantizers (CUDA) with wf_nb.quant
 from transformers.initialization import no_init_weights
 from .quant import BitLinear, FusedSubLN, fuse_subln, fuse_input_norm, bitlinears, set_lambda, quant_state, record_quant_state, haar_transform
+from .rotate import rotate_model_
 
 # %% auto #0
 __all__ = ['SUBLN_ALLNORM_EPS', 'BITNET_SUBLNS', 'BITNET_INPUT_NORMS', 'WFLlamaConfig', 'WFLlamaForCausalLM', 'WFQwen3Config',
@@ -141,6 +142,8 @@ def _adapt_state_dict(sd: dict, model: nn.Module, haar: bool) -> dict:
 def convert(fp_model: nn.Module, quant_cfg: QuantConfig | None = None) -> nn.Module:
     "Stage 1: a new 1.58-bit student from `fp_model` (SubLN placement and options from `quant_cfg`)."
     qc = quant_cfg or QuantConfig()
+    if qc.rotation != 'none':   # folded into a copy of the FP weights: the same function, BitNet's graph (wf_nb.rotate)
+        fp_model = copy.deepcopy(fp_model); rotate_model_(fp_model, qc.rotation)
     cfg, cls = _student_config(fp_model.config, qc)
     dtype = next(fp_model.parameters()).dtype
     cfg.dtype = dtype

@@ -54,7 +54,7 @@ def register_stage(spec: StageSpec) -> StageSpec:
 def lineage_key(cfg: WFConfig) -> dict:
     "Config values that define a lineage: runs that share them can hand checkpoints to each other."
     return {'model.name': cfg.model.name, 'quant.placement': cfg.quant.placement, 'quant.haar': cfg.quant.haar,
-            'quant.weight_scale': cfg.quant.weight_scale}   # the converted model's quantizer
+            'quant.weight_scale': cfg.quant.weight_scale, 'quant.rotation': cfg.quant.rotation}   # the converted model's quantizer and basis
 
 def find_parent(cfg: WFConfig, runs_dir=None) -> Run | None:
     "Newest completed run of a stage this one starts from (`STAGES[cfg.stage].parents`, in that order)."
@@ -182,8 +182,8 @@ def _max_steps(cfg, train_data, world) -> int:
     return t.max_steps
 
 # %% ../nbs/07_stages.ipynb #8856cb4d
-def _teacher(cfg, source=None):
-    "The frozen FP teacher: `source` (a checkpoint dir) or the lineage's original model."
+def _teacher(cfg, source=None, rotation: str = 'none'):
+    "The frozen FP teacher: `source` (a checkpoint dir) or the lineage's original model, in the student's basis (`rotation`)."
     from wf_nb.assets import load_fp_model
     from wf_nb.config import PRESETS
     if source and str(source) in PRESETS['model']: m = load_fp_model(get_config(model=str(source)).model)  # a model preset
@@ -192,6 +192,9 @@ def _teacher(cfg, source=None):
         m = load(source)
     else: m = load_fp_model(cfg.model, seed=cfg.training.seed)   # the lineage's original model (same seed as Stage 1)
     for p in m.parameters(): p.requires_grad_(False)
+    if rotation != 'none':   # exact logits; hidden states in the rotated student's basis, which the layer-wise term compares
+        from wf_nb.rotate import rotate_model_
+        rotate_model_(m, rotation, exact_head=True)
     _autocast_weights(m, cfg.training.precision)   # bit for bit the outputs it gave in fp32 under the step's autocast
     if cfg.training.compile:   # the teacher's forward is a third of a distillation step: compile its blocks too
         compile_blocks(m)
@@ -246,7 +249,7 @@ def _scratch_student(cfg, parent_path):
 def _fp_teacher(cfg, run, acc):
     "Stages 1.9 and 2: the lineage's FP model (or `distill.teacher`), only when a term of the loss needs a teacher."
     d = cfg.distill
-    return _teacher(cfg, d.teacher or None) if d.kd_weight > 0 or d.layerwise_weight > 0 or d.attention_weight > 0 or d.saliency else None
+    return _teacher(cfg, d.teacher or None, cfg.quant.rotation) if d.kd_weight > 0 or d.layerwise_weight > 0 or d.attention_weight > 0 or d.saliency else None
 
 def _stage3_teacher(cfg, run, acc):
     "Stage 3: the task-fine-tuned FP model (`distill.teacher`, else the newest FP-SFT run); recorded in the run."
