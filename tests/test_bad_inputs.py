@@ -73,6 +73,7 @@ CONFIG_CASES = [
     (['training.max_steps=abc'], 'not a valid int'), (['foo'], 'must look like group.key=value'), (['--frobnicate'], 'unrecognized'),
     (['-s', '7'], 'unknown stage'), (['quant.placement=sideways'], 'quant.placement'), (['data.fim_rate=2'], 'data.fim_rate'),
     (['training.beta2=1'], 'training.beta2'), (['training.allocator=bogus'], 'training.allocator'),
+    (['quant.rotation=spin'], 'quant.rotation'), (['quant.haar=true', 'quant.rotation=values'], 'use one'),
 ]
 @pytest.mark.parametrize('extra,has', CONFIG_CASES, ids=[c[0][-1] for c in CONFIG_CASES])
 def test_train_config_errors(same, extra, has):

@@ -199,18 +199,23 @@ def test_trained_student_perplexity_matches_wf_nb(tmp_path, tok, text_ids):
     the issue's 0.5% holds for Q2_0, not robustly for TQ2_0, whose activations llama.cpp quantizes to int8 per block
     of 256 (Q8_K) where wf_nb quantizes per token (Q2_0's are per 32, Q8_0). Measured again (issue 32, the default's
     grid, bench_infer.py --grid): TQ2_0 = TQ1_0 (the same Q8_K activations, exact integer sums) -0.1%..+0.3% with
-    q8_0/q5_0/q5_1/q4_0 embeddings, Q2_0 -1.0%..-0.1%."""
+    q8_0/q5_0/q5_1/q4_0 embeddings, Q2_0 -1.0%..-0.1%. Session 59, 153,600-token `wf pipeline` students (the default
+    and `quant.rotation=residual+values`): -0.7%..+0.4%, next-token argmax agreeing on 0.90-0.91 of the 256 positions; their
+    greedy continuations part within 1-2 tokens (near-ties that per-block and per-token int8 activations break apart), so
+    the check is the argmax agreement, not a greedy string."""
     from wf_nb.export import export_model, pack_model
     from wf_nb.convert import load
     pm = pack_model(load(os.environ['WF_LLAMACPP_STUDENT']))
     ids, ref = text_ids[:257], None
-    ref = wf_logprobs(with_gguf_embedding(pm, 'q5_0'), ids)
-    with torch.no_grad(): want = pm.generate(torch.tensor([ids[:24]]), max_new_tokens=8, do_sample=False)[0, 24:].tolist()
+    pe = with_gguf_embedding(pm, 'q5_0')
+    ref = wf_logprobs(pe, ids)
+    with torch.no_grad(): top = pe(torch.tensor([ids])).logits[0, :-1].argmax(-1).tolist()
     for tt in ('auto', 'q2_0'):
         export_model(pm, 'gguf', tmp_path / f'{tt}.gguf', tokenizer=tok, ternary_type=tt)
-        res = llamacpp(tmp_path / f'{tt}.gguf', dict(op='logprobs', tokens=ids), dict(op='generate', tokens=ids[:24], n=8))
+        res = llamacpp(tmp_path / f'{tt}.gguf', dict(op='logprobs', tokens=ids))
         assert abs(ppl(res[0]['logprobs']) / ppl(ref) - 1) <= 0.02, (tt, ppl(res[0]['logprobs']), ppl(ref))
-        assert res[1]['tokens'][:4] == want[:4], (tt, res[1]['tokens'], want)
+        agree = sum(a == b for a, b in zip(res[0]['top1'], top)) / len(top)
+        assert agree >= 0.85, (tt, agree)
 
 
 def test_cli_export_gguf_and_refusal(wf, tmp_path):
@@ -254,3 +259,30 @@ def test_larger_ternary_step_runs_as_written(tmp_path, tok, text_ids):
     gap = lambda a, b: sum(abs(x - y) for x, y in zip(a, b)) / len(a)
     assert abs(ppl(got) / ppl(want) - 1) < 0.005, (ppl(got), ppl(want))
     assert gap(got, want) < 0.1 * gap(bitnet_step, want), (gap(got, want), gap(bitnet_step, want))
+
+
+def test_rotated_student_runs_as_written(tmp_path, tok, text_ids):
+    """A student converted with `quant.rotation=residual+values` (Haar rotations folded into the FP weights, 02c_rotate)
+    is a plain BitNet: tied head, the graph unchanged. llama.cpp's bitnet GGUF of it runs as wf_nb runs it, and the
+    rotation is really there (the embedding is not the FP model's). Hidden 128 = intermediate 128: the padded TQ1_0
+    export once padded the intermediate width with the hidden one, and llama.cpp aborted (GGML_ASSERT !transposed)."""
+    from wf_nb.assets import load_fp_model
+    from wf_nb.config import get_config
+    from wf_nb.convert import convert, save_model, load
+    from wf_nb.export import export_model, pack_model
+    cfg = get_config(['model.hidden_size=128', 'quant.rotation=residual+values'], model='tiny_llama')   # 128 - 16 kept: a block of 64
+    fp = load_fp_model(cfg.model)
+    with torch.no_grad(): fp.model.norm.weight.copy_(1 + 0.2 * torch.randn(128, generator=torch.Generator().manual_seed(0)))
+    st = convert(fp, cfg.quant).eval()
+    assert st.lm_head.weight is st.model.embed_tokens.weight
+    moved = (st.model.embed_tokens.weight - fp.model.embed_tokens.weight).abs().amax(0) > 1e-6   # per hidden dim
+    assert int(moved.sum()) == 64, int(moved.sum())
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in st.parameters(): p.add_(torch.randn_like(p) * 0.02)   # latent weights off their init, as a student's are
+    save_model(st, tok, tmp_path / 'ckpt')
+    export_model(tmp_path / 'ckpt', 'gguf', tmp_path / 'r.gguf', embed_type='q8_0')
+    ids = text_ids[:64]
+    got = llamacpp(tmp_path / 'r.gguf', dict(op='logprobs', tokens=ids))[0]['logprobs']
+    want = wf_logprobs(with_gguf_embedding(pack_model(load(tmp_path / 'ckpt')), 'q8_0'), ids)
+    assert abs(ppl(got) / ppl(want) - 1) < 0.005, (ppl(got), ppl(want))

@@ -173,6 +173,8 @@ def _padded_shape(g: str, shape: tuple, plan: dict) -> tuple:
     if g.endswith(('attn_q.weight',)): return (plan['heads_p'] * hd, Hp)
     if g.endswith(('attn_k.weight', 'attn_v.weight')): return (plan['kv_p'] * hd, Hp)
     if g.endswith('ffn_sub_norm.weight'): return shape
+    if g.endswith(('ffn_gate.weight', 'ffn_up.weight')): return (shape[0], Hp)   # [intermediate, hidden]: even where the two are equal
+    if g.endswith('ffn_down.weight'): return (Hp, shape[1])
     return tuple(Hp if d == H else d for d in shape)   # attn_output, ffn_*, token_embd, norms over the hidden width
 
 def _out_scale(g: str, plan: dict) -> float:
