@@ -234,28 +234,35 @@ def test_cli_export_gguf_and_refusal(wf, tmp_path):
     assert not (tmp_path / 'b.gguf').exists()
 
 
+def perturbed_logprobs_both_ways(st, tok, text_ids, tmp_path):
+    "Latent weights of student `st` nudged off their init (as a trained student's are), saved, exported as bitnet GGUF (Q8_0 embedding): (llama.cpp's, wf_nb's) logprobs on 64 tokens."
+    from wf_nb.convert import save_model, load
+    from wf_nb.export import export_model, pack_model
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in st.parameters(): p.add_(torch.randn_like(p) * 0.02)
+    save_model(st, tok, tmp_path / 'ckpt')
+    export_model(tmp_path / 'ckpt', 'gguf', tmp_path / 's.gguf', embed_type='q8_0')
+    ids = text_ids[:64]
+    got = llamacpp(tmp_path / 's.gguf', dict(op='logprobs', tokens=ids))[0]['logprobs']
+    return got, wf_logprobs(with_gguf_embedding(pack_model(load(tmp_path / 'ckpt')), 'q8_0'), ids)
+
+
 def test_larger_ternary_step_runs_as_written(tmp_path, tok, text_ids):
     """A student converted on a larger ternary step (`wf pipeline`'s, `PIPELINE_WEIGHT_SCALE` x mean|W|: a `wf_bitnet`
     model while it trains) exports as llama.cpp's bitnet GGUF and runs there as wf_nb runs it: the codes and the scale
     of each matrix hold the step. The same latent weights on BitNet's step are another model, far further off."""
     from wf_nb.assets import load_fp_model
     from wf_nb.config import get_config, QuantConfig
-    from wf_nb.convert import convert, save_model, load
-    from wf_nb.export import export_model, pack_model
+    from wf_nb.convert import convert
+    from wf_nb.export import pack_model
     from wf_nb.quant import bitlinears
     from wf_nb.stages import PIPELINE_WEIGHT_SCALE
     assert PIPELINE_WEIGHT_SCALE != 1.0
     st = convert(load_fp_model(get_config(model='tiny_llama').model), QuantConfig(weight_scale=PIPELINE_WEIGHT_SCALE)).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in st.parameters(): p.add_(torch.randn_like(p) * 0.02)   # latent weights off their init, as a student's are
-    save_model(st, tok, tmp_path / 'ckpt')
-    export_model(tmp_path / 'ckpt', 'gguf', tmp_path / 's.gguf', embed_type='q8_0')
-    ids = text_ids[:64]
-    got = llamacpp(tmp_path / 's.gguf', dict(op='logprobs', tokens=ids))[0]['logprobs']
-    want = wf_logprobs(with_gguf_embedding(pack_model(load(tmp_path / 'ckpt')), 'q8_0'), ids)
+    got, want = perturbed_logprobs_both_ways(st, tok, text_ids, tmp_path)
     for _, m in bitlinears(st): m.w_scale = 1.0
-    bitnet_step = wf_logprobs(with_gguf_embedding(pack_model(st), 'q8_0'), ids)
+    bitnet_step = wf_logprobs(with_gguf_embedding(pack_model(st), 'q8_0'), text_ids[:64])
     gap = lambda a, b: sum(abs(x - y) for x, y in zip(a, b)) / len(a)
     assert abs(ppl(got) / ppl(want) - 1) < 0.005, (ppl(got), ppl(want))
     assert gap(got, want) < 0.1 * gap(bitnet_step, want), (gap(got, want), gap(bitnet_step, want))
@@ -268,8 +275,7 @@ def test_rotated_student_runs_as_written(tmp_path, tok, text_ids):
     export once padded the intermediate width with the hidden one, and llama.cpp aborted (GGML_ASSERT !transposed)."""
     from wf_nb.assets import load_fp_model
     from wf_nb.config import get_config
-    from wf_nb.convert import convert, save_model, load
-    from wf_nb.export import export_model, pack_model
+    from wf_nb.convert import convert
     cfg = get_config(['model.hidden_size=128', 'quant.rotation=residual+values'], model='tiny_llama')   # 128 - 16 kept: a block of 64
     fp = load_fp_model(cfg.model)
     with torch.no_grad(): fp.model.norm.weight.copy_(1 + 0.2 * torch.randn(128, generator=torch.Generator().manual_seed(0)))
@@ -277,12 +283,5 @@ def test_rotated_student_runs_as_written(tmp_path, tok, text_ids):
     assert st.lm_head.weight is st.model.embed_tokens.weight
     moved = (st.model.embed_tokens.weight - fp.model.embed_tokens.weight).abs().amax(0) > 1e-6   # per hidden dim
     assert int(moved.sum()) == 64, int(moved.sum())
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in st.parameters(): p.add_(torch.randn_like(p) * 0.02)   # latent weights off their init, as a student's are
-    save_model(st, tok, tmp_path / 'ckpt')
-    export_model(tmp_path / 'ckpt', 'gguf', tmp_path / 'r.gguf', embed_type='q8_0')
-    ids = text_ids[:64]
-    got = llamacpp(tmp_path / 'r.gguf', dict(op='logprobs', tokens=ids))[0]['logprobs']
-    want = wf_logprobs(with_gguf_embedding(pack_model(load(tmp_path / 'ckpt')), 'q8_0'), ids)
+    got, want = perturbed_logprobs_both_ways(st, tok, text_ids, tmp_path)
     assert abs(ppl(got) / ppl(want) - 1) < 0.005, (ppl(got), ppl(want))
