@@ -91,8 +91,7 @@ def rotate_model_(model: nn.Module, rotation: str = 'residual+values', exact_hea
     "In place: fold `rotation` (`ROTATIONS`) into FP Llama-family / Qwen3 `model`; returns the residual rotation `R` (None if none)."
     if rotation not in ROTATIONS: raise ValueError(f"rotation={rotation!r}: use one of {', '.join(ROTATIONS)}")
     layers = getattr(getattr(model, 'model', None), 'layers', None)
-    if layers is None or any(not isinstance(getattr(l.self_attn, 'v_proj', None), nn.Linear) or type(l.self_attn.v_proj) is not nn.Linear
-                             for l in layers):
+    if layers is None or any(type(getattr(getattr(l, 'self_attn', None), 'v_proj', None)) is not nn.Linear for l in layers):   # not BitLinear
         raise ValueError("rotate_model_ needs a full-precision Llama-family or Qwen3 model (nn.Linear projections), before it is made ternary")
     if 'values' in rotation:
         hd = layers[0].self_attn.head_dim
