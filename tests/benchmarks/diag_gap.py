@@ -10,6 +10,7 @@ held-out text none of them trained on (`wf_nb.generality.heldout_texts`), agains
   python tests/benchmarks/diag_gap.py lambda-kl STUDENT          # KL to the teacher at each lambda of the quantization ramp
   python tests/benchmarks/diag_gap.py blocks STUDENT...          # per-layer distance to the teacher's states: on its own states, and each block on the teacher's input
   python tests/benchmarks/diag_gap.py step STAGE1                # weight error and share of zeros of the ternary step c * mean|W| (quant.weight_scale)
+  python tests/benchmarks/diag_gap.py gptq STAGE1                # GPTQ-rounded latent weights: per-layer output error, and the model at lambda 1 and 0
 
 One thread, fp32 (the numbers in the notebook were taken so, beside training jobs)."""
 import argparse, contextlib, sys
@@ -149,15 +150,88 @@ def step(a, tok):
         zeros = sum((Q.weight_quant_int(w, c=c)[0] == 0).sum().item() for w in ws) / sum(w.numel() for w in ws)
         print(f'| {c} | {err ** 0.5:.3f} | {zeros:.2f} |', flush=True)
 
+def _input_grams(m, ids, batch: int = 4) -> dict:
+    "Per BitLinear: the Gram matrix `X^T X / n` (float64) of its matmul input (after its SubLN), on `ids`, at lambda 0."
+    bls = {n: b for n, b in m.named_modules() if isinstance(b, Q.BitLinear)}
+    for b in bls.values(): b.lam = 0.0
+    grams, names, plain = {n: 0 for n in bls}, {id(b): n for n, b in bls.items()}, Q.BitLinear._fake_quant_linear
+    def record(self, x):
+        f = x.detach().reshape(-1, x.shape[-1]).double(); grams[names[id(self)]] = grams[names[id(self)]] + f.T @ f
+        return plain(self, x)
+    Q.BitLinear._fake_quant_linear = record
+    try:
+        with torch.no_grad():
+            for i in range(0, len(ids), batch): m(ids[i:i + batch])
+    finally: Q.BitLinear._fake_quant_linear = plain
+    return {n: g / ids.numel() for n, g in grams.items()}
+
+def ternary_rtn(w, s): return (w / s).round().clamp(-1, 1) * s
+
+def gptq_latent(w, h, s, damp: float):
+    """GPTQ (Frantar et al. 2022, arXiv 2210.17323) onto the ternary grid of step `s`: columns in order of diag(H), each
+    rounded, its error spread over the columns not yet rounded through the inverse Hessian's Cholesky factor. Returns
+    the compensated pre-rounding columns: a latent whose ternary rounding is GPTQ's solution."""
+    perm = torch.argsort(torch.diag(h), descending=True); inv = torch.argsort(perm)
+    w, h = w[:, perm].clone(), h[perm][:, perm].clone()
+    h += damp * torch.diag(h).mean() * torch.eye(len(h), dtype=h.dtype)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    for j in range(w.shape[1]):
+        err = (w[:, j] - ternary_rtn(w[:, j], s)) / u[j, j]
+        w[:, j + 1:] -= err[:, None] * u[j, j + 1:][None, :]
+    return w[:, inv]
+
+def gptq(a, tok):
+    """Would GPTQ-rounded latent weights start the conversion better than plain rounding? Each BitLinear's relative output
+    error sqrt(tr(D H D^T) / tr(W H W^T)) on the calibration inputs (D = W - Q(W); Stage 1's calibration text, the FP
+    model's inputs), the latent's distance from the FP weights, and the whole model's perplexity at lambda 1 (PTQ) and
+    at lambda 0 (the start of the pipeline's quantization ramp, which is the FP model for plain rounding)."""
+    from collections import defaultdict
+    from wf_nb.convert import calibration_ids
+    m = student(a.paths[0]); c = a.weight_scale
+    bls = {n: b for n, b in m.named_modules() if isinstance(b, Q.BitLinear)}
+    for b in bls.values(): b.w_scale = c
+    grams = _input_grams(m, calibration_ids(tok, n_seq=a.calib_seqs))
+    fp = {n: b.weight.detach().double().clone() for n, b in bls.items()}
+    rel = lambda w, q, h: (torch.trace((w - q) @ h @ (w - q).T) / torch.trace(w @ h @ w.T)).sqrt().item()
+    table_head('lambda 1 / 0 (perplexity)')
+    rows, latents = {}, {}
+    for damp in a.damps:
+        acc = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+        for n, w in fp.items():
+            lat = w
+            for _ in range(2):   # the step follows mean|latent| (absmean of the weights it rounds): a fixed point
+                lat = gptq_latent(w, grams[n], c * lat.abs().mean(), damp)
+            r = acc[n.split('.')[-1]]
+            r[0] += rel(w, ternary_rtn(w, c * w.abs().mean()), grams[n]); r[1] += rel(w, ternary_rtn(lat, c * lat.abs().mean()), grams[n])
+            r[2] += ((lat - w).norm() / w.norm()).item(); r[3] += 1
+            latents[n] = lat.float()
+        rows[damp] = {k: (e0 / k_, e1 / k_, d / k_) for k, (e0, e1, d, k_) in acc.items()}
+        for lam in (1.0, 0.0):
+            with torch.no_grad():
+                for n, b in bls.items(): b.weight.copy_(latents[n]); b.lam = lam
+            ppl_row(f'GPTQ latent (damp {damp}), lambda {lam:g}', m, tok, a.tokens)
+    with torch.no_grad():
+        for n, b in bls.items(): b.weight.copy_(fp[n].float()); b.lam = 1.0
+    ppl_row('plain rounding, lambda 1 (Stage 1 as it is)', m, tok, a.tokens)
+    print(f'\nrelative output error on the calibration inputs ({a.calib_seqs} x 256 tokens), plain rounding -> GPTQ; latent drift |L - W| / |W|')
+    roles = list(next(iter(rows.values())))
+    print('| damp | ' + ' | '.join(roles) + ' |\n|' + '---|' * (len(roles) + 1))
+    print('| (plain rounding) | ' + ' | '.join(f'{rows[a.damps[0]][k][0]:.3f}' for k in roles) + ' |')
+    for damp, r in rows.items():
+        print(f'| {damp} | ' + ' | '.join(f'{r[k][1]:.3f} (drift {r[k][2]:.2f})' for k in roles) + ' |', flush=True)
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument('what', choices=['quant-parts', 'positions', 'attention', 'row-scale', 'lambda-kl', 'blocks', 'step'])
-    ap.add_argument('paths', nargs='+', help='student checkpoint(s) (row-scale, step: a Stage-1 output)')
+    ap.add_argument('what', choices=['quant-parts', 'positions', 'attention', 'row-scale', 'lambda-kl', 'blocks', 'step', 'gptq'])
+    ap.add_argument('paths', nargs='+', help='student checkpoint(s) (row-scale, step, gptq: a Stage-1 output)')
     ap.add_argument('--tokens', type=int, default=4000, help='held-out tokens per domain for perplexities')
+    ap.add_argument('--weight-scale', type=float, default=1.75, help="gptq: the ternary step, x mean|W| (the pipeline's quant.weight_scale)")
+    ap.add_argument('--damps', type=float, nargs='+', default=[0.01, 0.1, 1.0], help="gptq: the Hessian dampings, x mean diag(H)")
+    ap.add_argument('--calib-seqs', type=int, default=32, help='gptq: calibration sequences of 256 tokens (Stage 1\'s text)')
     a = ap.parse_args()
     torch.set_num_threads(1)
     tok = load_tokenizer(cfg_for().model)
     {'quant-parts': quant_parts, 'positions': positions, 'attention': attention, 'row-scale': row_scale, 'lambda-kl': lambda_kl,
-     'blocks': blocks, 'step': step}[a.what](a, tok)
+     'blocks': blocks, 'step': step, 'gptq': gptq}[a.what](a, tok)
 
 if __name__ == '__main__': main()
