@@ -154,18 +154,16 @@ def _input_grams(m, ids, batch: int = 4) -> dict:
     "Per BitLinear: the Gram matrix `X^T X / n` (float64) of its matmul input (after its SubLN), on `ids`, at lambda 0."
     bls = {n: b for n, b in m.named_modules() if isinstance(b, Q.BitLinear)}
     for b in bls.values(): b.lam = 0.0
-    grams, names, plain = {n: 0 for n in bls}, {id(b): n for n, b in bls.items()}, Q.BitLinear._fake_quant_linear
+    grams, plain = {b: 0 for b in bls.values()}, Q.BitLinear._fake_quant_linear
     def record(self, x):
-        f = x.detach().reshape(-1, x.shape[-1]).double(); grams[names[id(self)]] = grams[names[id(self)]] + f.T @ f
+        f = x.detach().reshape(-1, x.shape[-1]).double(); grams[self] = grams[self] + f.T @ f
         return plain(self, x)
     Q.BitLinear._fake_quant_linear = record
     try:
         with torch.no_grad():
             for i in range(0, len(ids), batch): m(ids[i:i + batch])
     finally: Q.BitLinear._fake_quant_linear = plain
-    return {n: g / ids.numel() for n, g in grams.items()}
-
-def ternary_rtn(w, s): return (w / s).round().clamp(-1, 1) * s
+    return {n: grams[b] / ids.numel() for n, b in bls.items()}
 
 def gptq_latent(w, h, s, damp: float):
     """GPTQ (Frantar et al. 2022, arXiv 2210.17323) onto the ternary grid of step `s`: columns in order of diag(H), each
@@ -176,7 +174,7 @@ def gptq_latent(w, h, s, damp: float):
     h += damp * torch.diag(h).mean() * torch.eye(len(h), dtype=h.dtype)
     u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     for j in range(w.shape[1]):
-        err = (w[:, j] - ternary_rtn(w[:, j], s)) / u[j, j]
+        err = (w[:, j] - (w[:, j] / s).round().clamp(-1, 1) * s) / u[j, j]
         w[:, j + 1:] -= err[:, None] * u[j, j + 1:][None, :]
     return w[:, inv]
 
@@ -193,32 +191,34 @@ def gptq(a, tok):
     grams = _input_grams(m, calibration_ids(tok, n_seq=a.calib_seqs))
     fp = {n: b.weight.detach().double().clone() for n, b in bls.items()}
     rel = lambda w, q, h: (torch.trace((w - q) @ h @ (w - q).T) / torch.trace(w @ h @ w.T)).sqrt().item()
+    def by_role(f):   # the mean of f(layer name) over the layers of each role (q_proj, ..., down_proj)
+        d = defaultdict(list)
+        for n in fp: d[n.split('.')[-1]].append(f(n))
+        return {k: sum(v) / len(v) for k, v in d.items()}
+    plain_err = by_role(lambda n: rel(fp[n], Q.weight_quant(fp[n], c=c), grams[n]))   # the library's own rounding
     table_head('lambda 1 / 0 (perplexity)')
     rows, latents = {}, {}
     for damp in a.damps:
-        acc = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
         for n, w in fp.items():
             lat = w
             for _ in range(2):   # the step follows mean|latent| (absmean of the weights it rounds): a fixed point
                 lat = gptq_latent(w, grams[n], c * lat.abs().mean(), damp)
-            r = acc[n.split('.')[-1]]
-            r[0] += rel(w, ternary_rtn(w, c * w.abs().mean()), grams[n]); r[1] += rel(w, ternary_rtn(lat, c * lat.abs().mean()), grams[n])
-            r[2] += ((lat - w).norm() / w.norm()).item(); r[3] += 1
-            latents[n] = lat.float()
-        rows[damp] = {k: (e0 / k_, e1 / k_, d / k_) for k, (e0, e1, d, k_) in acc.items()}
+            latents[n] = lat
+        err = by_role(lambda n: rel(fp[n], Q.weight_quant(latents[n], c=c), grams[n]))
+        drift = by_role(lambda n: ((latents[n] - fp[n]).norm() / fp[n].norm()).item())
+        rows[damp] = {k: (err[k], drift[k]) for k in err}
         for lam in (1.0, 0.0):
             with torch.no_grad():
-                for n, b in bls.items(): b.weight.copy_(latents[n]); b.lam = lam
+                for n, b in bls.items(): b.weight.copy_(latents[n].float()); b.lam = lam
             ppl_row(f'GPTQ latent (damp {damp}), lambda {lam:g}', m, tok, a.tokens)
     with torch.no_grad():
         for n, b in bls.items(): b.weight.copy_(fp[n].float()); b.lam = 1.0
     ppl_row('plain rounding, lambda 1 (Stage 1 as it is)', m, tok, a.tokens)
     print(f'\nrelative output error on the calibration inputs ({a.calib_seqs} x 256 tokens), plain rounding -> GPTQ; latent drift |L - W| / |W|')
-    roles = list(next(iter(rows.values())))
-    print('| damp | ' + ' | '.join(roles) + ' |\n|' + '---|' * (len(roles) + 1))
-    print('| (plain rounding) | ' + ' | '.join(f'{rows[a.damps[0]][k][0]:.3f}' for k in roles) + ' |')
+    print('| damp | ' + ' | '.join(plain_err) + ' |\n|' + '---|' * (len(plain_err) + 1))
+    print('| (plain rounding) | ' + ' | '.join(f'{v:.3f}' for v in plain_err.values()) + ' |')
     for damp, r in rows.items():
-        print(f'| {damp} | ' + ' | '.join(f'{r[k][1]:.3f} (drift {r[k][2]:.2f})' for k in roles) + ' |', flush=True)
+        print(f'| {damp} | ' + ' | '.join(f'{r[k][0]:.3f} (drift {r[k][1]:.2f})' for k in plain_err) + ' |', flush=True)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
