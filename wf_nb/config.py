@@ -87,6 +87,7 @@ class TrainingConfig:
     decay_ratio: float = 0.2            # WSD: share of steps spent decaying
     optimizer: str = 'adamw'            # adamw | muon | sgd
     weight_decay: float = 0.0
+    norm_lr_ratio: float = 1.0          # the norm gains' lr / lr (every *Norm's 1-D weight, SubLNs included; wf_nb.optim): the ternary layers' free per-channel scales
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -324,7 +325,7 @@ def normalize_stage(s) -> str:
 # %% ../nbs/00a_config.ipynb #a13f0c01
 RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'training.lr': (0, None, True, True), 'training.warmup_steps': (0, None, True, True), 'training.grad_clip': (0, None, True, True),
-    'training.weight_decay': (0, None, True, True), 'training.eps': (0, None, False, True), 'training.min_lr_ratio': (0, 1, True, True),
+    'training.weight_decay': (0, None, True, True), 'training.norm_lr_ratio': (0, None, False, True), 'training.eps': (0, None, False, True), 'training.min_lr_ratio': (0, 1, True, True),
     'training.decay_ratio': (0, 1, True, True), 'training.beta1': (0, 1, True, False), 'training.beta2': (0, 1, True, False),
     'training.max_steps': (0, 10**12, True, True), 'training.total_tokens': (0, 10**16, True, True),
     'training.seed': (0, 2**32 - 1, True, True),   # numpy's seeds; steps and tokens beyond anything a machine runs
@@ -473,7 +474,8 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
 # %% ../nbs/00a_config.ipynb #b172fa86
 FINGERPRINT_OFF = {'distill.attention_weight': 0.0,    # dotted path: its off value (added in session 51)
                    'distill.teacher_forcing': 0.0, 'quant.weight_scale': 1.0,    # (session 55)
-                   'quant.rotation': 'none'}   # (session 59)
+                   'quant.rotation': 'none',   # (session 59)
+                   'training.norm_lr_ratio': 1.0}   # (session 62)
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

@@ -10,30 +10,41 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'param_groups', 'build_optimizer', 'lr_factor', 'schedule_for']
+__all__ = ['OPTIMIZERS', 'norm_gains', 'param_groups', 'build_optimizer', 'lr_factor', 'schedule_for']
 
 # %% ../nbs/05d_optim.ipynb #9584d44c
-def param_groups(model: nn.Module, weight_decay: float):
-    "Two AdamW groups: decayed matrices, and undecayed norms/biases/embeddings."
+def norm_gains(model: nn.Module) -> set[int]:
+    "The ids of the norms' gains: the 1-D `weight` of every module with a `*Norm` class in its MRO (RMSNorm, LayerNorm, the SubLNs)."
+    is_norm = lambda m: any('norm' in c.__name__.lower() for c in type(m).__mro__)
+    return {id(p) for m in model.modules() if is_norm(m) for n, p in m.named_parameters(recurse=False) if n == 'weight' and p.ndim == 1}
+
+def param_groups(model: nn.Module, weight_decay: float, norm_lr: float | None = None):
+    """Two AdamW groups: decayed matrices, and undecayed norms/biases/embeddings. With `norm_lr`, a third group takes
+    the norms' gains out of the second, at that learning rate."""
     emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
+    gains = norm_gains(model) if norm_lr is not None else set()
+    decay, no_decay, norms, seen = [], [], [], set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen: continue
         seen.add(id(p))
-        (decay if p.ndim >= 2 and id(p) not in emb else no_decay).append(p)
-    return [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+        (norms if id(p) in gains else decay if p.ndim >= 2 and id(p) not in emb else no_decay).append(p)
+    groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
+    return groups + ([{'params': norms, 'weight_decay': 0.0, 'lr': norm_lr}] if norms else [])   # no empty group: resume refuses them
 
 # %% ../nbs/05d_optim.ipynb #8cd75e88
+def _norm_lr(t) -> float | None: return t.lr * t.norm_lr_ratio if t.norm_lr_ratio != 1 else None   # 1: the two groups of old checkpoints
+
 def _adamw(model, t):
-    kw = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
-    try: return torch.optim.AdamW(param_groups(model, t.weight_decay), fused=True, **kw)  # CPU and CUDA have fused kernels
-    except (RuntimeError, TypeError): return torch.optim.AdamW(param_groups(model, t.weight_decay), **kw)
+    kw, groups = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps), param_groups(model, t.weight_decay, _norm_lr(t))
+    try: return torch.optim.AdamW(groups, fused=True, **kw)  # CPU and CUDA have fused kernels
+    except (RuntimeError, TypeError): return torch.optim.AdamW(groups, **kw)
 
 def _muon(model, t):
     from wf_nb.muon import build_muon_optimizer
+    if t.norm_lr_ratio != 1: raise ValueError(f"training.norm_lr_ratio={t.norm_lr_ratio} needs training.optimizer=adamw or sgd, not muon")
     return build_muon_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), eps=t.eps)
 
-def _sgd(model, t): return torch.optim.SGD(param_groups(model, t.weight_decay), lr=t.lr, momentum=t.beta1)
+def _sgd(model, t): return torch.optim.SGD(param_groups(model, t.weight_decay, _norm_lr(t)), lr=t.lr, momentum=t.beta1)
 
 # %% ../nbs/05d_optim.ipynb #a34074e4
 OPTIMIZERS: dict[str, Callable] = {'adamw': _adamw, 'muon': _muon, 'sgd': _sgd}
