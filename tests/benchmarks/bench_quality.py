@@ -38,6 +38,9 @@ Arms (each in its own process, `--parallel` at a time); DATA is a data preset or
     python tests/benchmarks/bench_quality.py --add-mc --out DIR [--model ARM=PATH ...]   # MC for finished arms whose
         # model can be had again: fp and ptq are rebuilt, wf_pipeline arms are read from their saved output (recorded
         # in the arm's JSON, or given by --model); naive_qat and kd_peer keep no model, so the table says so
+    python tests/benchmarks/bench_quality.py --curve DIR... [--points papermill_runs/reports/token_curve.json] [--plot PNG]
+        # the token curve; --points keeps every measured point in the repository (the arm JSONs live in --out folders
+        # on the machine that ran them, and have been lost with it): the DIRs' points replace the file's, then all are drawn
 
 Prints the generality table (perplexity / teacher per domain, their geometric mean, chat KL and top-1), the
 multiple-choice table (accuracy per domain, its ratios to the teacher's) with the items' trivial baselines, the legacy
@@ -452,19 +455,33 @@ def curve_rows(dirs, alias: dict | None = None) -> list[dict]:
     """Every finished trained arm in `dirs` (one token budget or more each): label, student tokens, the geometric-mean
     ratio to the teacher and the worst domain's. `alias` renames labels, so that one recipe run at several budgets
     under different but equivalent overrides (an explicit default) draws one line."""
-    arms = [json.loads(f.read_text()) for d in dirs for f in sorted(Path(d).glob('*.json')) if f.name != 'chat_answers.json']
+    arms = [{**json.loads(f.read_text()), 'source': str(f)} for d in dirs for f in sorted(Path(d).glob('*.json')) if f.name != 'chat_answers.json']
     arms = [r for r in arms if 'arm' in r]
     fp = next((r for r in arms if r['arm'] == 'fp'), None)
     if fp is None: raise SystemExit(f"--curve: no fp arm in {', '.join(map(str, dirs))}: run --arms fp into one of them")
     label = lambda r: (alias or {}).get(l := r['arm'] + (f" {r['wf_args']}" if r.get('wf_args') else ''), l)
-    worst = lambda r: max((r['domains'][k] / fp['domains'][k] for k in fp['domains'] if k in r.get('domains', {})), default=None)
-    return sorted(({'label': label(r), 'tokens': r['tokens'], 'ratio': geo_ratio(r, fp), 'worst': worst(r), 'chat_kl': r.get('chat_kl')}
+    ratios = lambda r: {k: r['domains'][k] / fp['domains'][k] for k in fp['domains'] if k in r.get('domains', {})}
+    return sorted(({'label': label(r), 'tokens': r['tokens'], 'ratio': geo_ratio(r, fp), 'worst': max(ratios(r).values(), default=None),
+                    'chat_kl': r.get('chat_kl'), 'chat_top1': r.get('chat_top1'), 'domains': ratios(r), 'source': r['source']}
                    for r in arms if r['arm'] != 'fp' and r.get('tokens')), key=lambda x: (x['label'], x['tokens']))
+
+def merge_points(path, rows: list[dict]) -> list[dict]:
+    """The curve's points kept in `path` (JSON: the measured points of earlier runs, whose arm JSONs may be gone with
+    their machines), updated with `rows` (a point of the same label and tokens is replaced) and written back atomically."""
+    path = Path(path)
+    kept = json.loads(path.read_text())['points'] if path.exists() else []
+    new = {(r['label'], r['tokens']) for r in rows}
+    points = sorted([p for p in kept if (p['label'], p['tokens']) not in new] + rows, key=lambda x: (x['label'], x['tokens']))
+    doc = {'about': 'bench_quality.py --curve: held-out perplexity / the FP teacher per arm and student tokens (ratio: '
+                    'geometric mean over the domains; worst: the worst domain); source: the arm JSON, or where it was transcribed from',
+           'points': points}
+    tmp = path.with_name(f'.{path.name}.tmp'); tmp.write_text(json.dumps(doc, indent=1) + '\n'); os.replace(tmp, path)
+    return points
 
 def curve_table(rows: list[dict]) -> str:
     "Perplexity / teacher per arm and student-token budget: geometric mean over the held-out domains (the worst domain)."
     toks = sorted({r['tokens'] for r in rows}); labels = list(dict.fromkeys(r['label'] for r in rows))
-    cell = {(r['label'], r['tokens']): f"{r['ratio']:.1f}x ({r['worst']:.1f}x)" for r in rows if r['ratio']}
+    cell = {(r['label'], r['tokens']): f"{_fmt(r['ratio'])}x ({_fmt(r['worst'])}x)" for r in rows if r['ratio']}
     lines = ['| arm | ' + ' | '.join(f'{t:,} tokens' for t in toks) + ' |', '|' + '---|' * (len(toks) + 1)]
     lines += [f'| {l} | ' + ' | '.join(cell.get((l, t), '') for t in toks) + ' |' for l in labels]
     return '\n'.join(lines)
@@ -527,15 +544,19 @@ def main():
     ap.add_argument('--add-mc', action='store_true', help='add multiple choice to the finished arms in --out, print the tables and exit')
     ap.add_argument('--precision', default='auto', choices=['auto', 'bf16', 'fp32'],
                     help='training and evaluation precision of every arm; auto: bf16 where the CPU has fast bf16 (AVX512-BF16, AMX), else fp32 (bf16 matmuls on an AVX2-only CPU are ~8x slower)')
-    ap.add_argument('--curve', nargs='+', metavar='DIR', help='the token curve of the finished arms in these --out folders (one fp arm among them): table, and --plot PNG')
+    ap.add_argument('--curve', nargs='*', metavar='DIR', help='the token curve of the finished arms in these --out folders (one fp arm among them): table, and --plot PNG')
+    ap.add_argument('--points', metavar='JSON', help='with --curve: also the points kept in this file, updated with those of the DIRs (written back)')
     ap.add_argument('--plot', metavar='PNG', help='with --curve: also draw it here')
     ap.add_argument('--alias', action='append', default=[], metavar='LABEL=NAME', help="with --curve: show the arm labelled LABEL (arm and --wf-args, as the table prints it; NAME holds no '=') as NAME")
     ap.add_argument('--allow-missing-domains', action='store_true', help='measure on the held-out domains installed here (default: refuse unless all six are)')
     ap.add_argument('--model', action='append', default=[], metavar='ARM=PATH', help='with --add-mc: where an arm\'s trained model was saved')
     a = ap.parse_args()
-    if a.curve:
+    if a.curve is not None:
         if any('=' not in x for x in a.alias): ap.error(f"--alias takes LABEL=NAME, got {a.alias}")
-        rows = curve_rows(a.curve, dict(x.rsplit('=', 1) for x in a.alias)); print(curve_table(rows))
+        if not a.curve and not a.points: ap.error("--curve needs DIRs, or --points JSON")
+        rows = curve_rows(a.curve, dict(x.rsplit('=', 1) for x in a.alias)) if a.curve else []
+        if a.points: rows = merge_points(a.points, rows)
+        print(curve_table(rows))
         if a.plot: print(f"plot: {plot_curve(rows, a.plot)}")
         return
     from exp_stage3_genre import pin_commit
