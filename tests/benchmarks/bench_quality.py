@@ -67,6 +67,20 @@ def parse_arm(arm: str) -> tuple[str, str, float | None]:
     kind, *rest = arm.split('@')
     return kind, (rest[0] if rest else 'shakespeare'), (float(rest[1]) if len(rest) > 1 else None)
 
+def teacher_tokens(data: str, tokens: int = 153_600) -> int:
+    "How many tokens of the teacher's own corpus an arm on `data` reads (as `wf pipeline` at `tokens`), 0 for none."
+    from wf_nb.data import MIXTURES
+    from wf_nb.stages import PIPELINE_TEACHER_TOKENS
+    uses = data == 'teacher' or any(s == 'teacher' for _, s, _ in MIXTURES.get(data, ()))
+    return math.ceil(PIPELINE_TEACHER_TOKENS * tokens) if uses else 0
+
+def ensure_teacher_corpus(arms, tokens: int):
+    "Sample the teacher's corpus the arms read, once, before they start (or wait while another run samples it)."
+    need = max((teacher_tokens(parse_arm(arm)[1], tokens) for arm in arms), default=0)
+    if need:
+        from wf_nb.synth import generate_corpus
+        generate_corpus(None, need, teacher='smollm2_135m', progress=False)   # resumes; under the corpus folder's lock
+
 def data_overrides(data: str, tokens: int = 153_600) -> list[str]:
     "Config overrides that train on `data`: a registered mixture, or a preset/path source."
     from wf_nb.data import MIXTURES
@@ -576,6 +590,7 @@ def main():
     arms = a.arms.split(',')
     for arm in arms: parse_arm(arm)
     require_domains(a.allow_missing_domains)
+    ensure_teacher_corpus(arms, a.tokens)   # the arms read its first parts (data_overrides): they cannot sample it themselves
     threads = a.threads or max(1, (os.cpu_count() or 2) // a.parallel)
     env = {**os.environ, 'WANDB_MODE': 'disabled', 'OMP_NUM_THREADS': str(threads), 'TOKENIZERS_PARALLELISM': 'false'}
     from wf_nb.launch import allocator_env
