@@ -9,7 +9,8 @@ held-out text none of them trained on (`wf_nb.generality.heldout_texts`), agains
   python tests/benchmarks/diag_gap.py row-scale STAGE1           # per-matrix against per-row absmean scales: weight error, perplexity
   python tests/benchmarks/diag_gap.py lambda-kl STUDENT          # KL to the teacher at each lambda of the quantization ramp
   python tests/benchmarks/diag_gap.py blocks STUDENT...          # per-layer distance to the teacher's states: on its own states, and each block on the teacher's input
-  python tests/benchmarks/diag_gap.py step STAGE1                # weight error and share of zeros of the ternary step c * mean|W| (quant.weight_scale)
+  python tests/benchmarks/diag_gap.py step STAGE1                # weight error and share of zeros of the ternary step c * mean|W| (quant.weight_scale),
+                                                                 # and each matrix's own best step by its weight error
   python tests/benchmarks/diag_gap.py gptq STAGE1                # GPTQ-rounded latent weights: per-layer output error, and the model at lambda 1 and 0
 
 One thread, fp32 (the numbers in the notebook were taken so, beside training jobs)."""
@@ -149,6 +150,21 @@ def step(a, tok):
         err = sum((w - Q.weight_quant(w, c=c)).pow(2).sum().item() for w in ws) / sum(w.pow(2).sum().item() for w in ws)
         zeros = sum((Q.weight_quant_int(w, c=c)[0] == 0).sum().item() for w in ws) / sum(w.numel() for w in ws)
         print(f'| {c} | {err ** 0.5:.3f} | {zeros:.2f} |', flush=True)
+    step_per_matrix(student(a.paths[0]), a.weight_scale)
+
+def step_per_matrix(m, c0: float = 1.75, grid=(1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0)):
+    "Each matrix's own best step (its weight error's minimum on `grid`): how the choices spread per role, and what they save against `c0` for all."
+    from collections import Counter, defaultdict
+    picks, saved = defaultdict(Counter), defaultdict(list)
+    for name, x in m.named_modules():
+        if not isinstance(x, Q.BitLinear): continue
+        w = x.weight.detach().float()
+        err = {c: (w - Q.weight_quant(w, c=c)).pow(2).sum().item() for c in grid}
+        best = min(err, key=err.get); role = name.rsplit('.', 1)[-1]
+        picks[role][best] += 1; saved[role].append(err[best] / err[c0])
+    print(f'\n| matrix | its best step (x mean\\|W\\|): how many layers | squared weight error, its best / {c0} for all |\n|---|---|---|')
+    for role in picks:
+        print(f"| {role} | {', '.join(f'{c}: {n}' for c, n in sorted(picks[role].items()))} | {sum(saved[role]) / len(saved[role]):.3f} |")
 
 def _input_grams(m, ids, batch: int = 4) -> dict:
     "Per BitLinear: the Gram matrix `X^T X / n` (float64) of its matmul input (after its SubLN), on `ids`, at lambda 0."
@@ -225,7 +241,7 @@ def main():
     ap.add_argument('what', choices=['quant-parts', 'positions', 'attention', 'row-scale', 'lambda-kl', 'blocks', 'step', 'gptq'])
     ap.add_argument('paths', nargs='+', help='student checkpoint(s) (row-scale, step, gptq: a Stage-1 output)')
     ap.add_argument('--tokens', type=int, default=4000, help='held-out tokens per domain for perplexities')
-    ap.add_argument('--weight-scale', type=float, default=1.75, help="gptq: the ternary step, x mean|W| (the pipeline's quant.weight_scale)")
+    ap.add_argument('--weight-scale', type=float, default=1.75, help="gptq, step: the ternary step, x mean|W| (the pipeline's quant.weight_scale)")
     ap.add_argument('--damps', type=float, nargs='+', default=[0.01, 0.1, 1.0], help="gptq: the Hessian dampings, x mean diag(H)")
     ap.add_argument('--calib-seqs', type=int, default=32, help='gptq: calibration sequences of 256 tokens (Stage 1\'s text)')
     a = ap.parse_args()
