@@ -351,6 +351,10 @@ def grad_scale():
         g = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in s.parameters() if p.grad is not None)).item()
         print(f'| {name} | {v.item():.4g} | {g:.4g} |', flush=True)
 
+def arm_label(r: dict) -> str:
+    "An arm's name in the tables: the arm, and the settings `--wf-args` added (arms of one name apart)."
+    return r['arm'] + (f" {r['wf_args']}" if r.get('wf_args') else '')
+
 def _geo(xs): return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 def _fmt(v): return '' if v is None else f'{v:,.0f}' if v >= 1000 else f'{v:.1f}' if v >= 10 else f'{v:.2f}'
@@ -372,7 +376,7 @@ def generality_table(rows: list[dict]) -> str:
         else: cells, geo = [_fmt(d.get(k)) for k in doms], ''
         tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
         chat = (f"{r['chat_kl']:.3f}", f"{r['chat_top1']:.3f}") if 'chat_kl' in r else ('', '')
-        lines.append(f"| {r['arm']} | " + ' | '.join(cells) + f" | {geo} | {chat[0]} | {chat[1]} | {r['train_s']:.0f} | {tps} |")
+        lines.append(f"| {arm_label(r)} | " + ' | '.join(cells) + f" | {geo} | {chat[0]} | {chat[1]} | {r['train_s']:.0f} | {tps} |")
     from wf_nb.generality import HELDOUT_DOMAINS
     gone = [k for k in HELDOUT_DOMAINS if k not in doms]
     note = f"\n\n(measured on {len(doms)} of the {len(HELDOUT_DOMAINS)} held-out domains: {', '.join(gone)} not installed)" if gone else ''
@@ -392,7 +396,7 @@ def peer_table(rows: list[dict]) -> str:
         ok = [x for x in rat if x is not None]
         geo = _geo(ok)
         near = sum(r['domains'][d] <= 4 * fp['domains'][d] for d in doms if d in r['domains'])
-        lines.append(f"| {r['arm']} | " + ' | '.join(f'{x:.2f}x' if x is not None else '' for x in rat)
+        lines.append(f"| {arm_label(r)} | " + ' | '.join(f'{x:.2f}x' if x is not None else '' for x in rat)
                      + f" | {'' if geo is None else f'{geo:.2f}x'} | {sum(x <= 0.5 for x in ok)}/{len(ok)} | {near}/{len(ok)} |")
     return '\n'.join(lines) + f"\n\n(best peer per domain of: {', '.join(r['arm'] for r in peers)})"
 
@@ -444,7 +448,7 @@ def legacy_table(rows: list[dict]) -> str:
     for r in rows:
         ratio = ' / '.join(f"{r[s] / base[s]:.2f}" for s in srcs) if base else ''
         tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
-        lines.append(f"| {r['arm']} | " + ' | '.join(_fmt(r.get(s)) for s in srcs) + f" | {ratio} | {r['train_s']:.0f} | {tps} |")
+        lines.append(f"| {arm_label(r)} | " + ' | '.join(_fmt(r.get(s)) for s in srcs) + f" | {ratio} | {r['train_s']:.0f} | {tps} |")
     return '\n'.join(lines)
 
 def speed_table(rows: list[dict]) -> str:
@@ -456,7 +460,7 @@ def speed_table(rows: list[dict]) -> str:
         split = f" (stage {', '.join(f'{k}: {v:.0f}' for k, v in sorted(st.items()) if v)})" if st else ''
         tps = f"{r['tokens_per_s']:.0f}" if r.get('tokens_per_s') else ''
         wall = f"{r['wall_s']:.0f}" if 'wall_s' in r else '(not recorded)'
-        lines.append(f"| {r['arm']} | {r.get('tokens') or 0:,} | {r['train_s']:.0f}{split} | {tps} | {wall} | {r.get('eval_s', 0):.0f} | {r.get('threads')} |")
+        lines.append(f"| {arm_label(r)} | {r.get('tokens') or 0:,} | {r['train_s']:.0f}{split} | {tps} | {wall} | {r.get('eval_s', 0):.0f} | {r.get('threads')} |")
     return '\n'.join(lines) + ('\n\n(training wall: the loop from its first step to its last, checkpoints saved between steps included; '
                                'arm wall: everything before the evaluation, Stage 1 and the process start of `wf pipeline` included)')
 
@@ -473,7 +477,7 @@ def curve_rows(dirs, alias: dict | None = None) -> list[dict]:
     arms = [r for r in arms if 'arm' in r]
     fp = next((r for r in arms if r['arm'] == 'fp'), None)
     if fp is None: raise SystemExit(f"--curve: no fp arm in {', '.join(map(str, dirs))}: run --arms fp into one of them")
-    label = lambda r: (alias or {}).get(l := r['arm'] + (f" {r['wf_args']}" if r.get('wf_args') else ''), l)
+    label = lambda r: (alias or {}).get(l := arm_label(r), l)
     ratios = lambda r: {k: r['domains'][k] / fp['domains'][k] for k in fp['domains'] if k in r.get('domains', {})}
     return sorted(({'label': label(r), 'tokens': r['tokens'], 'ratio': geo_ratio(r, fp), 'worst': max(ratios(r).values(), default=None),
                     'chat_kl': r.get('chat_kl'), 'chat_top1': r.get('chat_top1'), 'domains': ratios(r), 'source': r['source']}
