@@ -577,8 +577,6 @@ def main():
         print(curve_table(rows))
         if a.plot: print(f"plot: {plot_curve(rows, a.plot)}")
         return
-    from exp_stage3_genre import pin_commit
-    pin_commit(a.out)   # wf runs resume by fingerprint, which hashes the commit: pinned to this experiment's first
     if a.grad_scale: return grad_scale()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     if a.table: return print_tables(out)
@@ -587,6 +585,8 @@ def main():
         paths = dict(m.split('=', 1) for m in a.model)
         add_mc(out, paths, a.mc_items)
         return print_tables(out)
+    from exp_stage3_genre import pin_commit
+    pin_commit(a.out)   # wf runs resume by fingerprint, which hashes the commit: pinned to this experiment's first (only where arms train)
     if a.one:
         res = run_arm(a.one, a)
         tmp = out/f'.{a.one}.json.tmp'; tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out/f'{a.one}.json')
