@@ -392,6 +392,11 @@ def _check_quant(cfg: WFConfig):
         raise ConfigError(f"quant.haar=true and quant.rotation={cfg.quant.rotation} both Haar-mix the ternary layers' inputs: "
                           "use one (quant.rotation keeps the model a stock BitNet that llama.cpp runs)")
 
+def _check_optim(cfg: WFConfig):
+    if cfg.training.norm_lr_ratio != 1 and cfg.training.optimizer not in ('adamw', 'sgd'):   # the ones that group the norms (05d_optim)
+        raise ConfigError(f"training.norm_lr_ratio={cfg.training.norm_lr_ratio} needs training.optimizer=adamw or sgd, not "
+                          f"{cfg.training.optimizer!r}: set one of them, or training.norm_lr_ratio=1 (the norms at training.lr)")
+
 def _check_peft(cfg: WFConfig):
     bad = [t for t in cfg.peft.targets.split(',') if t.strip() not in PEFT_TARGETS]
     if cfg.peft.method and (bad or not cfg.peft.targets.strip()):
@@ -411,6 +416,7 @@ def validate(cfg: WFConfig) -> WFConfig:
     _check_sizes(cfg)
     _check_peft(cfg)
     _check_quant(cfg)
+    _check_optim(cfg)
     return cfg
 
 # %% ../nbs/00a_config.ipynb #785edfc4

@@ -41,7 +41,6 @@ def _adamw(model, t):
 
 def _muon(model, t):
     from wf_nb.muon import build_muon_optimizer
-    if t.norm_lr_ratio != 1: raise ValueError(f"training.norm_lr_ratio={t.norm_lr_ratio} needs training.optimizer=adamw or sgd, not muon")
     return build_muon_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), eps=t.eps)
 
 def _sgd(model, t): return torch.optim.SGD(param_groups(model, t.weight_decay, _norm_lr(t)), lr=t.lr, momentum=t.beta1)

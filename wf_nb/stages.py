@@ -23,8 +23,9 @@ from .quant import bitlinears
 # %% auto #0
 __all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA',
            'PIPELINE_DATA_NO_TEACHER', 'PIPELINE_TEACHER_TOKENS', 'PIPELINE_QUANT_WARMUP', 'PIPELINE_LAYERWISE',
-           'PIPELINE_LR', 'PIPELINE_WEIGHT_SCALE', 'StageSpec', 'register_stage', 'lineage_key', 'find_parent',
-           'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'pipeline_data', 'run_pipeline', 'smoke']
+           'PIPELINE_LR', 'PIPELINE_WEIGHT_SCALE', 'PIPELINE_NORM_LR_RATIO', 'StageSpec', 'register_stage',
+           'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'pipeline_data',
+           'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -566,6 +567,15 @@ def _pipeline_weight_scale(model: str, overrides, c: float = PIPELINE_WEIGHT_SCA
     if c == 1.0 or _sets(overrides, 'quant.weight_scale'): return []
     return [f'quant.weight_scale={c}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
 
+# %% ../nbs/07_stages.ipynb #c63normlr02
+PIPELINE_NORM_LR_RATIO = 4.0  # a conversion's norm gains' lr / lr (training.norm_lr_ratio, 05d_optim): measured, see above (1, 4, 8, 16)
+
+def _pipeline_norm_lr(model: str, overrides, r: float = PIPELINE_NORM_LR_RATIO) -> list[str]:
+    "`['training.norm_lr_ratio=R']` for a pretrained model's ternary conversion on AdamW or SGD, unless `overrides` set the ratio."
+    if r == 1 or _sets(overrides, 'training.norm_lr_ratio'): return []
+    cfg = get_config(list(overrides), stage='2', model=model)
+    return [f'training.norm_lr_ratio={r}'] if _converts(cfg) and cfg.training.optimizer in ('adamw', 'sgd') else []   # Muon has no norm group
+
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
                  runs_dir=None, out=None, log=print, callbacks=()) -> dict:
@@ -582,6 +592,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     overrides += _pipeline_layerwise(model, overrides)                 # + the layer-wise hidden-state term
     overrides += _pipeline_lr(model, overrides)                        # at the pipeline's learning rate
     overrides += _pipeline_weight_scale(model, overrides)              # on the measured ternary step
+    overrides += _pipeline_norm_lr(model, overrides)                   # the norms' gains at their own lr
     results, parent = {}, None
     for stage, n in plan:
         comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays
