@@ -568,7 +568,7 @@ def _pipeline_weight_scale(model: str, overrides, c: float = PIPELINE_WEIGHT_SCA
     return [f'quant.weight_scale={c}'] if _converts(get_config(list(overrides), stage='2', model=model)) else []
 
 # %% ../nbs/07_stages.ipynb #c63normlr02
-PIPELINE_NORM_LR_RATIO = 4.0  # a conversion's norm gains' lr / lr (training.norm_lr_ratio, 05d_optim): measured, see above (1, 4, 8, 16)
+PIPELINE_NORM_LR_RATIO = 4.0  # a conversion's norm gains' lr / lr (training.norm_lr_ratio, 05d_optim): measured, see above (1, 2, 4, 8, 16)
 
 def _pipeline_norm_lr(model: str, overrides, r: float = PIPELINE_NORM_LR_RATIO) -> list[str]:
     "`['training.norm_lr_ratio=R']` for a pretrained model's ternary conversion on AdamW or SGD, unless `overrides` set the ratio."
