@@ -13,11 +13,11 @@ from .errors import WFError
 from .io import atomic_write_text, load_yaml_text, read_yaml, shorten, YAMLInputError
 
 # %% auto #0
-__all__ = ['GROUPS', 'PRESETS', 'STAGE_NAMES', 'RANGES', 'CHOICES', 'PEFT_TARGETS', 'STAGE_DEFAULTS', 'FINGERPRINT_IGNORE',
-           'FINGERPRINT_OFF', 'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig', 'PeftConfig',
-           'DistillConfig', 'LoggingConfig', 'DistributedConfig', 'WFConfig', 'register_preset', 'ConfigError',
-           'apply_override', 'normalize_stage', 'check_ranges', 'default_precision', 'validate', 'get_config',
-           'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
+__all__ = ['GROUPS', 'PRESETS', 'STAGE_NAMES', 'RANGES', 'CHOICES', 'PEFT_TARGETS', 'GROUPING_OPTIMIZERS', 'STAGE_DEFAULTS',
+           'FINGERPRINT_IGNORE', 'FINGERPRINT_OFF', 'ModelConfig', 'DataConfig', 'TrainingConfig', 'QuantConfig',
+           'PeftConfig', 'DistillConfig', 'LoggingConfig', 'DistributedConfig', 'WFConfig', 'register_preset',
+           'ConfigError', 'apply_override', 'normalize_stage', 'check_ranges', 'default_precision', 'validate',
+           'get_config', 'from_dict', 'to_yaml', 'save_yaml', 'load_yaml', 'git_info', 'fingerprint']
 
 # %% ../nbs/00a_config.ipynb #d34c4eb8
 @dataclass
@@ -88,6 +88,7 @@ class TrainingConfig:
     optimizer: str = 'adamw'            # adamw | muon | sgd
     weight_decay: float = 0.0
     norm_lr_ratio: float = 1.0          # the norm gains' lr / lr (every *Norm's 1-D weight, SubLNs included; wf_nb.optim): the ternary layers' free per-channel scales
+    embed_lr_ratio: float = 1.0         # the embeddings' lr / lr (a tied head is the same tensor; wf_nb.optim); 0 freezes them
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -325,7 +326,8 @@ def normalize_stage(s) -> str:
 # %% ../nbs/00a_config.ipynb #a13f0c01
 RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'training.lr': (0, None, True, True), 'training.warmup_steps': (0, None, True, True), 'training.grad_clip': (0, None, True, True),
-    'training.weight_decay': (0, None, True, True), 'training.norm_lr_ratio': (0, None, False, True), 'training.eps': (0, None, False, True), 'training.min_lr_ratio': (0, 1, True, True),
+    'training.weight_decay': (0, None, True, True), 'training.norm_lr_ratio': (0, None, False, True),
+    'training.embed_lr_ratio': (0, None, True, True), 'training.eps': (0, None, False, True), 'training.min_lr_ratio': (0, 1, True, True),
     'training.decay_ratio': (0, 1, True, True), 'training.beta1': (0, 1, True, False), 'training.beta2': (0, 1, True, False),
     'training.max_steps': (0, 10**12, True, True), 'training.total_tokens': (0, 10**16, True, True),
     'training.seed': (0, 2**32 - 1, True, True),   # numpy's seeds; steps and tokens beyond anything a machine runs
@@ -392,16 +394,23 @@ def _check_quant(cfg: WFConfig):
         raise ConfigError(f"quant.haar=true and quant.rotation={cfg.quant.rotation} both Haar-mix the ternary layers' inputs: "
                           "use one (quant.rotation keeps the model a stock BitNet that llama.cpp runs)")
 
+GROUPING_OPTIMIZERS = ('adamw', 'sgd')   # the optimizers whose parameters wf_nb groups by lr (05d_optim); Muon groups its own
+
 def _check_optim(cfg: WFConfig):
-    if cfg.training.norm_lr_ratio != 1 and cfg.training.optimizer not in ('adamw', 'sgd'):   # the ones that group the norms (05d_optim)
-        raise ConfigError(f"training.norm_lr_ratio={cfg.training.norm_lr_ratio} needs training.optimizer=adamw or sgd, not "
-                          f"{cfg.training.optimizer!r}: set one of them, or training.norm_lr_ratio=1 (the norms at training.lr)")
+    t = cfg.training
+    for key, ratio, off in (('norm_lr_ratio', t.norm_lr_ratio, 'the norms'), ('embed_lr_ratio', t.embed_lr_ratio, 'the embeddings')):
+        if ratio not in (0, 1) and t.optimizer not in GROUPING_OPTIMIZERS:   # 0 (embeddings frozen) needs no group
+            raise ConfigError(f"training.{key}={ratio} needs training.optimizer=adamw or sgd, not "
+                              f"{t.optimizer!r}: set one of them, or training.{key}=1 ({off} at training.lr)")
+    if t.embed_lr_ratio == 0 and cfg.data.fim_rate > 0:   # the FIM sentinels are new rows of the embedding (07_stages)
+        raise ConfigError("training.embed_lr_ratio=0 freezes the embeddings, but data.fim_rate>0 adds FIM sentinel tokens "
+                          "whose new rows must train: set training.embed_lr_ratio above 0, or data.fim_rate=0")
 
 def _check_peft(cfg: WFConfig):
     bad = [t for t in cfg.peft.targets.split(',') if t.strip() not in PEFT_TARGETS]
     if cfg.peft.method and (bad or not cfg.peft.targets.strip()):
         raise ConfigError(f"peft.targets={cfg.peft.targets!r}: {bad or 'empty'}; valid: a comma-separated list of {', '.join(PEFT_TARGETS)}")
-    if cfg.peft.method and cfg.peft.loraplus_ratio != 1 and cfg.training.optimizer not in ('adamw', 'sgd'):   # the ones LoRA+ groups (05d_optim)
+    if cfg.peft.method and cfg.peft.loraplus_ratio != 1 and cfg.training.optimizer not in GROUPING_OPTIMIZERS:   # LoRA+ groups on these too
         raise ConfigError(f"peft.loraplus_ratio={cfg.peft.loraplus_ratio} needs training.optimizer=adamw or sgd, not "
                           f"{cfg.training.optimizer!r}: set one of them, or peft.loraplus_ratio=1 (plain LoRA)")
 
@@ -481,7 +490,8 @@ FINGERPRINT_IGNORE = ('logging.interval', 'logging.wandb_mode', 'logging.wandb_p
 FINGERPRINT_OFF = {'distill.attention_weight': 0.0,    # dotted path: its off value (added in session 51)
                    'distill.teacher_forcing': 0.0, 'quant.weight_scale': 1.0,    # (session 55)
                    'quant.rotation': 'none',   # (session 59)
-                   'training.norm_lr_ratio': 1.0}   # (session 62)
+                   'training.norm_lr_ratio': 1.0,   # (session 62)
+                   'training.embed_lr_ratio': 1.0}   # (session 64)
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

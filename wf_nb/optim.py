@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'norm_gains', 'param_groups', 'build_optimizer', 'lr_factor', 'schedule_for']
+__all__ = ['OPTIMIZERS', 'norm_gains', 'embeddings', 'param_groups', 'freeze_embeddings', 'build_optimizer', 'lr_factor',
+           'schedule_for']
 
 # %% ../nbs/05d_optim.ipynb #9584d44c
 def norm_gains(model: nn.Module) -> set[int]:
@@ -18,24 +19,31 @@ def norm_gains(model: nn.Module) -> set[int]:
     is_norm = lambda m: any('norm' in c.__name__.lower() for c in type(m).__mro__)
     return {id(p) for m in model.modules() if is_norm(m) for n, p in m.named_parameters(recurse=False) if n == 'weight' and p.ndim == 1}
 
-def param_groups(model: nn.Module, weight_decay: float, norm_lr: float | None = None):
-    """Two AdamW groups: decayed matrices, and undecayed norms/biases/embeddings. With `norm_lr`, a third group takes
-    the norms' gains out of the second, at that learning rate."""
-    emb = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    gains = norm_gains(model) if norm_lr is not None else set()
-    decay, no_decay, norms, seen = [], [], [], set()
+def embeddings(model: nn.Module) -> set[int]:
+    "The ids of the `nn.Embedding` weights (a tied head is the same tensor; an untied head is a `Linear`, not among them)."
+    return {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+
+def param_groups(model: nn.Module, weight_decay: float, norm_lr: float | None = None, embed_lr: float | None = None):
+    """Two AdamW groups: decayed matrices, and undecayed norms/biases/embeddings. With `norm_lr`, a group of its own takes
+    the norms' gains out of the second, at that learning rate; with `embed_lr`, another takes the embeddings."""
+    emb, gains = embeddings(model), norm_gains(model) if norm_lr is not None else set()
+    decay, no_decay, norms, embeds, seen = [], [], [], [], set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen: continue
         seen.add(id(p))
-        (norms if id(p) in gains else decay if p.ndim >= 2 and id(p) not in emb else no_decay).append(p)
+        own = norms if id(p) in gains else embeds if embed_lr is not None and id(p) in emb else None
+        (own if own is not None else decay if p.ndim >= 2 and id(p) not in emb else no_decay).append(p)
     groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
-    return groups + ([{'params': norms, 'weight_decay': 0.0, 'lr': norm_lr}] if norms else [])   # no empty group: resume refuses them
+    groups += [{'params': norms, 'weight_decay': 0.0, 'lr': norm_lr}] if norms else []   # no empty group: resume refuses them
+    return groups + ([{'params': embeds, 'weight_decay': 0.0, 'lr': embed_lr}] if embeds else [])
 
 # %% ../nbs/05d_optim.ipynb #8cd75e88
 def _norm_lr(t) -> float | None: return t.lr * t.norm_lr_ratio if t.norm_lr_ratio != 1 else None   # 1: the two groups of old checkpoints
+def _embed_lr(t) -> float | None: return t.lr * t.embed_lr_ratio if t.embed_lr_ratio not in (0, 1) else None   # 0: frozen, in no group
+def _groups(model, t): return param_groups(model, t.weight_decay, _norm_lr(t), _embed_lr(t))
 
 def _adamw(model, t):
-    kw, groups = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps), param_groups(model, t.weight_decay, _norm_lr(t))
+    kw, groups = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps), _groups(model, t)
     try: return torch.optim.AdamW(groups, fused=True, **kw)  # CPU and CUDA have fused kernels
     except (RuntimeError, TypeError): return torch.optim.AdamW(groups, **kw)
 
@@ -43,14 +51,21 @@ def _muon(model, t):
     from wf_nb.muon import build_muon_optimizer
     return build_muon_optimizer(model, lr=t.lr, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2), eps=t.eps)
 
-def _sgd(model, t): return torch.optim.SGD(param_groups(model, t.weight_decay, _norm_lr(t)), lr=t.lr, momentum=t.beta1)
+def _sgd(model, t): return torch.optim.SGD(_groups(model, t), lr=t.lr, momentum=t.beta1)
 
 # %% ../nbs/05d_optim.ipynb #a34074e4
 OPTIMIZERS: dict[str, Callable] = {'adamw': _adamw, 'muon': _muon, 'sgd': _sgd}
 
+def freeze_embeddings(model: nn.Module):
+    "`training.embed_lr_ratio=0`: the embeddings (and a head tied to them) get no gradient, so no optimizer state and no update."
+    emb = embeddings(model)
+    for p in model.parameters():
+        if id(p) in emb: p.requires_grad_(False)
+
 def build_optimizer(model: nn.Module, t, loraplus_ratio: float = 1.0) -> torch.optim.Optimizer:
     "The optimizer named by `t.optimizer` (a `TrainingConfig`), from `OPTIMIZERS`; LoRA+ groups when `loraplus_ratio != 1`."
     if t.optimizer not in OPTIMIZERS: raise ValueError(f"unknown optimizer {t.optimizer!r}; registered: {', '.join(OPTIMIZERS)}")
+    if t.embed_lr_ratio == 0: freeze_embeddings(model)   # the Trainer has already, before DDP/FSDP wrap the model
     if loraplus_ratio != 1: return _loraplus(model, t, loraplus_ratio)
     return OPTIMIZERS[t.optimizer](model, t)
 

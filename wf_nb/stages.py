@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 import torch
-from .config import WFConfig, get_config
+from .config import WFConfig, get_config, GROUPING_OPTIMIZERS
 from .registry import (Run, Status, open_run, finish_run, find_runs, completed_run, RunExistsError, default_runs_dir,
                          run_output, portable_path, lineage_of, lineage_parent, read_metrics)
 from .checkpoint import full_state_dicts, is_fsdp
@@ -574,7 +574,7 @@ def _pipeline_norm_lr(model: str, overrides, r: float = PIPELINE_NORM_LR_RATIO) 
     "`['training.norm_lr_ratio=R']` for a pretrained model's ternary conversion on AdamW or SGD, unless `overrides` set the ratio."
     if r == 1 or _sets(overrides, 'training.norm_lr_ratio'): return []
     cfg = get_config(list(overrides), stage='2', model=model)
-    return [f'training.norm_lr_ratio={r}'] if _converts(cfg) and cfg.training.optimizer in ('adamw', 'sgd') else []   # Muon has no norm group
+    return [f'training.norm_lr_ratio={r}'] if _converts(cfg) and cfg.training.optimizer in GROUPING_OPTIMIZERS else []   # Muon has no norm group
 
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from fastcore.basics import patch
 from .config import WFConfig, get_config
-from .optim import build_optimizer, schedule_for
+from .optim import build_optimizer, freeze_embeddings, schedule_for
 from .step import StepContext, lm_step, count_tokens, RunPlan
 from .status import Status
 from .parallel import make_accelerator, shard_model, compile_blocks, check_sharding
@@ -56,6 +56,7 @@ def _prepare(self: Trainer, model: nn.Module):
     if cfg.model.gradient_checkpointing and hasattr(model, 'gradient_checkpointing_enable'):
         model.gradient_checkpointing_enable()
     if self.t.compile: compile_blocks(model)
+    if self.t.embed_lr_ratio == 0: freeze_embeddings(model)   # before DDP/FSDP see which parameters train
     self.sharded = cfg.distributed.strategy == 'fsdp' and self.acc.num_processes > 1
     check_sharding(cfg, self.sharded)
     from accelerate.utils import DistributedType
