@@ -23,9 +23,9 @@ from .quant import bitlinears
 # %% auto #0
 __all__ = ['STAGES', 'SCORED_ROWS_MULTIPLE', 'PIPELINE_SPLIT', 'PIPELINE_COMPILE_STEPS', 'PIPELINE_DATA',
            'PIPELINE_DATA_NO_TEACHER', 'PIPELINE_TEACHER_TOKENS', 'PIPELINE_QUANT_WARMUP', 'PIPELINE_LAYERWISE',
-           'PIPELINE_LR', 'PIPELINE_WEIGHT_SCALE', 'PIPELINE_NORM_LR_RATIO', 'StageSpec', 'register_stage',
-           'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage', 'pipeline_data',
-           'run_pipeline', 'smoke']
+           'PIPELINE_LR', 'PIPELINE_WEIGHT_SCALE', 'PIPELINE_NORM_LR_RATIO', 'PIPELINE_EMBED_LR_RATIO', 'StageSpec',
+           'register_stage', 'lineage_key', 'find_parent', 'distill_step', 'stage3_step', 'kd_step', 'run_stage',
+           'pipeline_data', 'run_pipeline', 'smoke']
 
 # %% ../nbs/07_stages.ipynb #e6b8871a
 @dataclass(frozen=True)
@@ -570,11 +570,21 @@ def _pipeline_weight_scale(model: str, overrides, c: float = PIPELINE_WEIGHT_SCA
 # %% ../nbs/07_stages.ipynb #c63normlr02
 PIPELINE_NORM_LR_RATIO = 4.0  # a conversion's norm gains' lr / lr (training.norm_lr_ratio, 05d_optim): measured, see above (1, 2, 4, 8, 16)
 
-def _pipeline_norm_lr(model: str, overrides, r: float = PIPELINE_NORM_LR_RATIO) -> list[str]:
-    "`['training.norm_lr_ratio=R']` for a pretrained model's ternary conversion on AdamW or SGD, unless `overrides` set the ratio."
-    if r == 1 or _sets(overrides, 'training.norm_lr_ratio'): return []
+def _pipeline_lr_ratio(model: str, overrides, key: str, r: float) -> list[str]:
+    "`['training.KEY=R']` for a pretrained model's ternary conversion on AdamW or SGD, unless `overrides` set the ratio."
+    if r == 1 or _sets(overrides, f'training.{key}'): return []
     cfg = get_config(list(overrides), stage='2', model=model)
-    return [f'training.norm_lr_ratio={r}'] if _converts(cfg) and cfg.training.optimizer in GROUPING_OPTIMIZERS else []   # Muon has no norm group
+    return [f'training.{key}={r}'] if _converts(cfg) and cfg.training.optimizer in GROUPING_OPTIMIZERS else []   # Muon groups its own
+
+def _pipeline_norm_lr(model: str, overrides, r: float = PIPELINE_NORM_LR_RATIO) -> list[str]:
+    return _pipeline_lr_ratio(model, overrides, 'norm_lr_ratio', r)
+
+# %% ../nbs/07_stages.ipynb #c64embedlr06
+PIPELINE_EMBED_LR_RATIO = 0.25  # a conversion's embeddings' (and tied head's) lr / lr (training.embed_lr_ratio, 05d_optim): measured, see above
+
+def _pipeline_embed_lr(model: str, overrides, r: float = PIPELINE_EMBED_LR_RATIO) -> list[str]:
+    "`['training.embed_lr_ratio=R']` for a pretrained model's ternary conversion on AdamW or SGD, unless `overrides` set the ratio."
+    return _pipeline_lr_ratio(model, overrides, 'embed_lr_ratio', r)
 
 # %% ../nbs/07_stages.ipynb #c3f54423
 def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_600, split: float | None = None,
@@ -593,6 +603,7 @@ def run_pipeline(model: str = 'smollm2_135m', overrides=(), tokens: int = 153_60
     overrides += _pipeline_lr(model, overrides)                        # at the pipeline's learning rate
     overrides += _pipeline_weight_scale(model, overrides)              # on the measured ternary step
     overrides += _pipeline_norm_lr(model, overrides)                   # the norms' gains at their own lr
+    overrides += _pipeline_embed_lr(model, overrides)                  # and the embeddings at theirs
     results, parent = {}, None
     for stage, n in plan:
         comp = _pipeline_compile(model, overrides, stage, n)   # training.compile=true where it pays
