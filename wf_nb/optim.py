@@ -26,13 +26,13 @@ def embeddings(model: nn.Module) -> set[int]:
 def param_groups(model: nn.Module, weight_decay: float, norm_lr: float | None = None, embed_lr: float | None = None):
     """Two AdamW groups: decayed matrices, and undecayed norms/biases/embeddings. With `norm_lr`, a group of its own takes
     the norms' gains out of the second, at that learning rate; with `embed_lr`, another takes the embeddings."""
-    emb, gains = embeddings(model), norm_gains(model) if norm_lr is not None else set()
+    emb = embeddings(model)
+    gains, own_emb = norm_gains(model) if norm_lr is not None else set(), emb if embed_lr is not None else set()
     decay, no_decay, norms, embeds, seen = [], [], [], [], set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen: continue
         seen.add(id(p))
-        own = norms if id(p) in gains else embeds if embed_lr is not None and id(p) in emb else None
-        (own if own is not None else decay if p.ndim >= 2 and id(p) not in emb else no_decay).append(p)
+        (norms if id(p) in gains else embeds if id(p) in own_emb else decay if p.ndim >= 2 and id(p) not in emb else no_decay).append(p)
     groups = [{'params': decay, 'weight_decay': weight_decay}, {'params': no_decay, 'weight_decay': 0.0}]
     groups += [{'params': norms, 'weight_decay': 0.0, 'lr': norm_lr}] if norms else []   # no empty group: resume refuses them
     return groups + ([{'params': embeds, 'weight_decay': 0.0, 'lr': embed_lr}] if embeds else [])
@@ -58,9 +58,8 @@ OPTIMIZERS: dict[str, Callable] = {'adamw': _adamw, 'muon': _muon, 'sgd': _sgd}
 
 def freeze_embeddings(model: nn.Module):
     "`training.embed_lr_ratio=0`: the embeddings (and a head tied to them) get no gradient, so no optimizer state and no update."
-    emb = embeddings(model)
-    for p in model.parameters():
-        if id(p) in emb: p.requires_grad_(False)
+    for m in model.modules():
+        if isinstance(m, nn.Embedding): m.weight.requires_grad_(False)
 
 def build_optimizer(model: nn.Module, t, loraplus_ratio: float = 1.0) -> torch.optim.Optimizer:
     "The optimizer named by `t.optimizer` (a `TrainingConfig`), from `OPTIMIZERS`; LoRA+ groups when `loraplus_ratio != 1`."
