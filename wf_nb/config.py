@@ -89,6 +89,7 @@ class TrainingConfig:
     weight_decay: float = 0.0
     norm_lr_ratio: float = 1.0          # the norm gains' lr / lr (every *Norm's 1-D weight, SubLNs included; wf_nb.optim): the ternary layers' free per-channel scales
     embed_lr_ratio: float = 1.0         # the embeddings' lr / lr (a tied head is the same tensor; wf_nb.optim); 0 freezes them
+    relative_lr: float = 0.0            # p: each matrix's lr x (its mean|W| / the median matrix's)^p, equal relative steps (wf_nb.optim); 0 = off
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -327,7 +328,8 @@ def normalize_stage(s) -> str:
 RANGES = {   # key: (low, high, low inclusive, high inclusive); None = unbounded
     'training.lr': (0, None, True, True), 'training.warmup_steps': (0, None, True, True), 'training.grad_clip': (0, None, True, True),
     'training.weight_decay': (0, None, True, True), 'training.norm_lr_ratio': (0, None, False, True),
-    'training.embed_lr_ratio': (0, None, True, True), 'training.eps': (0, None, False, True), 'training.min_lr_ratio': (0, 1, True, True),
+    'training.embed_lr_ratio': (0, None, True, True), 'training.relative_lr': (0, 2, True, True),
+    'training.eps': (0, None, False, True), 'training.min_lr_ratio': (0, 1, True, True),
     'training.decay_ratio': (0, 1, True, True), 'training.beta1': (0, 1, True, False), 'training.beta2': (0, 1, True, False),
     'training.max_steps': (0, 10**12, True, True), 'training.total_tokens': (0, 10**16, True, True),
     'training.seed': (0, 2**32 - 1, True, True),   # numpy's seeds; steps and tokens beyond anything a machine runs
@@ -402,6 +404,9 @@ def _check_optim(cfg: WFConfig):
         if ratio not in (0, 1) and t.optimizer not in GROUPING_OPTIMIZERS:   # 0 (embeddings frozen) needs no group
             raise ConfigError(f"training.{key}={ratio} needs training.optimizer=adamw or sgd, not "
                               f"{t.optimizer!r}: set one of them, or training.{key}=1 ({off} at training.lr)")
+    if t.relative_lr and t.optimizer not in GROUPING_OPTIMIZERS:   # a group per matrix; Muon orthogonalises its own
+        raise ConfigError(f"training.relative_lr={t.relative_lr} needs training.optimizer=adamw or sgd, not "
+                          f"{t.optimizer!r}: set one of them, or training.relative_lr=0 (every matrix at training.lr)")
     if t.embed_lr_ratio == 0 and cfg.data.fim_rate > 0:   # the FIM sentinels are new rows of the embedding (07_stages)
         raise ConfigError("training.embed_lr_ratio=0 freezes the embeddings, but data.fim_rate>0 adds FIM sentinel tokens "
                           "whose new rows must train: set training.embed_lr_ratio above 0, or data.fim_rate=0")
@@ -491,7 +496,8 @@ FINGERPRINT_OFF = {'distill.attention_weight': 0.0,    # dotted path: its off va
                    'distill.teacher_forcing': 0.0, 'quant.weight_scale': 1.0,    # (session 55)
                    'quant.rotation': 'none',   # (session 59)
                    'training.norm_lr_ratio': 1.0,   # (session 62)
-                   'training.embed_lr_ratio': 1.0}   # (session 64)
+                   'training.embed_lr_ratio': 1.0,   # (session 64)
+                   'training.relative_lr': 0.0}      # (session 65)
 
 # %% ../nbs/00a_config.ipynb #f6967a33
 def git_info(path=None) -> dict:

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'norm_gains', 'embeddings', 'param_groups', 'freeze_embeddings', 'build_optimizer', 'lr_factor',
-           'schedule_for']
+__all__ = ['OPTIMIZERS', 'RELATIVE_LR_BOUND', 'norm_gains', 'embeddings', 'param_groups', 'freeze_embeddings', 'build_optimizer',
+           'relative_lr_groups', 'lr_factor', 'schedule_for']
 
 # %% ../nbs/05d_optim.ipynb #9584d44c
 def norm_gains(model: nn.Module) -> set[int]:
@@ -40,7 +40,9 @@ def param_groups(model: nn.Module, weight_decay: float, norm_lr: float | None = 
 # %% ../nbs/05d_optim.ipynb #8cd75e88
 def _norm_lr(t) -> float | None: return t.lr * t.norm_lr_ratio if t.norm_lr_ratio != 1 else None   # 1: the two groups of old checkpoints
 def _embed_lr(t) -> float | None: return t.lr * t.embed_lr_ratio if t.embed_lr_ratio not in (0, 1) else None   # 0: frozen, in no group
-def _groups(model, t): return param_groups(model, t.weight_decay, _norm_lr(t), _embed_lr(t))
+def _groups(model, t):
+    groups = param_groups(model, t.weight_decay, _norm_lr(t), _embed_lr(t))
+    return relative_lr_groups(groups, t.lr, t.relative_lr) if t.relative_lr else groups   # 0: the groups of before
 
 def _adamw(model, t):
     kw, groups = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps), _groups(model, t)
@@ -68,6 +70,19 @@ def build_optimizer(model: nn.Module, t, loraplus_ratio: float = 1.0) -> torch.o
     if loraplus_ratio != 1: return _loraplus(model, t, loraplus_ratio)
     return OPTIMIZERS[t.optimizer](model, t)
 
+
+# %% ../nbs/05d_optim.ipynb #c65rellr02
+RELATIVE_LR_BOUND = 16.0   # a matrix's lr within 1/16-16 x lr: one that starts at 0 (or near it) still trains
+
+def relative_lr_groups(groups: list[dict], lr: float, power: float) -> list[dict]:
+    "The first group (the decayed matrices) split into one group per matrix at `lr x (mean|W| / the median's)^power`."
+    first, rest = groups[0], groups[1:]
+    if not first['params'] or not power: return groups
+    full = lambda p: p.full_tensor() if hasattr(p, 'full_tensor') else p   # FSDP2: every process sees the same whole matrix
+    scale = [full(p).detach().float().abs().mean().item() for p in first['params']]
+    mid = sorted(scale)[len(scale) // 2]
+    ratio = lambda s: min(RELATIVE_LR_BOUND, max(1 / RELATIVE_LR_BOUND, (s / mid) ** power if mid > 0 else 1.0))
+    return [{**first, 'params': [p], 'lr': lr * ratio(s)} for p, s in zip(first['params'], scale)] + rest
 
 # %% ../nbs/05d_optim.ipynb #7c1f0a53
 def _loraplus(model: nn.Module, t, ratio: float) -> torch.optim.Optimizer:

@@ -69,7 +69,7 @@ def main(argv=None):
     ap.add_argument('--seeds', type=int, nargs='+', default=[0])
     ap.add_argument('--start', default=None, help='Stages 1.9 + 2 output: the start of (d) and (f) (default: Stage 1)')
     ap.add_argument('--stage1', default=None, help='Stage 1 output: the start of (c) (default: a Stage-1 run in --runs-dir)')
-    ap.add_argument('--arms', default='cdf', help='which of c, d, e, f, g to train and z to evaluate (b, the teacher, always)')
+    ap.add_argument('--arms', default='cdf', help='which of c, d, e, f, g to train, z to evaluate, b to evaluate the teacher (b is trained whenever d or f need it)')
     ap.add_argument('--gamma', type=float, default=None, help="distill.gamma_attn of (d) and (f) (default: the config's, BitDistill's 1e5)")
     ap.add_argument('--distill', nargs='*', default=[], metavar='KEY=VALUE',
                     help='more numeric distill.* overrides of (d) and (f), e.g. distill.temperature=1 distill.lambda_logits=1')
@@ -126,10 +126,12 @@ def main(argv=None):
     for seed in a.seeds:
         sd, sk = f'training.seed={seed}', {'training.seed': seed}
         teacher = None
-        if set(a.arms) & set('df'):   # only distillation needs the teacher, so (c), (e), (g) can run beside its training
+        if set(a.arms) & set('bdf'):   # only distillation needs the teacher, so (c), (e), (g) can run beside its training
             rb = run_arm(a, '(b) FP-SFT', 'sft', [sd, f'training.lr={a.lr}'], {'steps': a.teacher_steps, 'training.lr': a.lr,
                          'training.checkpoint_path': '', 'peft.method': '', **sk}, log)
             teacher = output_of(rb)
+        if 'b' in a.arms:   # the teacher's own accuracy: what the ternary arms should reach (issue 33: within 1 point)
+            evaluate('(b) FP-SFT teacher', seed, lambda: wf_nb.load(teacher), train_stats(rb))
         if 'c' in a.arms:
             rc = run_arm(a, '(c)', 'sft', [sd, f'training.lr={a.lr}', f'training.checkpoint_path={s1}'],
                          {'training.lr': a.lr, 'training.checkpoint_path': str(s1), 'peft.method': '', **sk}, log)
